@@ -1,0 +1,145 @@
+package ledger
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// JobState is the state of a job (SPEC section 1).
+type JobState string
+
+// Job states.
+const (
+	// JobPending: an attempt is starting or running.
+	JobPending JobState = "pending"
+	// JobUnknown: an attempt's outcome is unknown; new attempts are blocked.
+	JobUnknown JobState = "unknown"
+	// JobCompleted: a result won; retries replay it.
+	JobCompleted JobState = "completed"
+	// JobFailed: every attempt failed definitively, or an operator
+	// cancelled; a retry may start a new attempt.
+	JobFailed JobState = "failed"
+)
+
+// Valid reports whether s is one of the job states.
+func (s JobState) Valid() bool {
+	switch s {
+	case JobPending, JobUnknown, JobCompleted, JobFailed:
+		return true
+	}
+	return false
+}
+
+// AttemptState is the state of an attempt (SPEC section 1).
+type AttemptState string
+
+// Attempt states.
+const (
+	AttemptStarting  AttemptState = "starting"
+	AttemptSucceeded AttemptState = "succeeded"
+	AttemptLost      AttemptState = "lost"
+	AttemptFailed    AttemptState = "failed"
+	AttemptUnknown   AttemptState = "unknown"
+	AttemptCancelled AttemptState = "cancelled"
+)
+
+// AdminProvider is the provider name of attempts an operator completed.
+const AdminProvider = "admin"
+
+// Job is the durable record of one intent.
+type Job struct {
+	ID                 string
+	OwnerHash          []byte
+	KeyHash            []byte
+	Fingerprint        []byte
+	FingerprintVersion int
+	State              JobState
+	// Version counts completions, resolutions and re-opens: the result slot
+	// is taken by CAS on it.
+	Version     int64
+	CompletedBy string // id of the winning attempt; empty while none
+	Retention   time.Duration
+	CreatedAt   time.Time
+	CompletedAt time.Time // when it completed or failed; zero while neither
+	ExpiresAt   time.Time // zero while the job cannot expire
+	Response    *Response // the winner's answer; nil while none
+	Attempts    []Attempt // oldest first; may be empty in listings
+}
+
+// Expired reports whether the job's retention has passed at now.
+func (j *Job) Expired(now time.Time) bool {
+	return !j.ExpiresAt.IsZero() && !now.Before(j.ExpiresAt)
+}
+
+// Attempt is one try at fulfilling a job against one provider.
+type Attempt struct {
+	ID         string
+	JobID      string
+	Number     int
+	Provider   string
+	State      AttemptState
+	JobVersion int64 // the job version the attempt read when it started
+	StartedAt  time.Time
+	Deadline   time.Time // attempt_deadline: the end of its lease
+	FinishedAt time.Time // zero while running
+	Error      string
+}
+
+// Ref returns the reference the attempt's later calls use.
+func (a *Attempt) Ref() AttemptRef {
+	return AttemptRef{JobID: a.JobID, AttemptID: a.ID, Version: a.JobVersion}
+}
+
+// AttemptRef names an attempt and the job version it read when it started.
+type AttemptRef struct {
+	JobID     string
+	AttemptID string
+	Version   int64
+}
+
+// Response is a stored answer: status, end-to-end headers and body.
+type Response struct {
+	Status int
+	Header map[string][]string
+	Body   []byte
+	// Size is the length of the whole answer's body, stored or not.
+	Size int64
+	// Stored is false when the body was too large or cut short: the job is
+	// completed but cannot be replayed.
+	Stored bool
+}
+
+// NewID returns a new UUIDv7 string: ids sort by creation time.
+func NewID() string {
+	return uuid.Must(uuid.NewV7()).String()
+}
+
+// Clone returns a deep copy of the job.
+func (j *Job) Clone() *Job {
+	if j == nil {
+		return nil
+	}
+	c := *j
+	c.Response = j.Response.Clone()
+	if j.Attempts != nil {
+		c.Attempts = append([]Attempt(nil), j.Attempts...)
+	}
+	return &c
+}
+
+// Clone returns a deep copy of the response. Bodies are treated as
+// immutable once stored, so the body slice is shared.
+func (r *Response) Clone() *Response {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	if r.Header != nil {
+		c.Header = make(map[string][]string, len(r.Header))
+		for k, v := range r.Header {
+			c.Header[k] = append([]string(nil), v...)
+		}
+	}
+	return &c
+}

@@ -1,0 +1,217 @@
+// Package ledger holds the durable record of idempotent work: jobs (one per
+// intent, unique by owner and key) and their attempts (one per try against a
+// provider). A Ledger decides who is first by a uniqueness constraint and who
+// wins the result by compare-and-swap; the backends live in sub-packages and
+// pass one conformance suite, ledger/ledgertest.
+package ledger
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Ledger is the storage contract of the idempotent request flow. Every method
+// is safe for concurrent use by many goroutines and, for the shared backends,
+// by many gateway processes. Deadlines and expiry are judged by the ledger's
+// own clock.
+type Ledger interface {
+	// Reserve creates the job for (owner, key) with attempt 1 starting, or
+	// reports what already exists. A failed job is re-opened with a new
+	// attempt (only one concurrent caller succeeds); an expired job is
+	// replaced in place by a new job with a new id.
+	Reserve(ctx context.Context, p ReserveParams) (Reservation, error)
+
+	// Hedge starts a concurrent attempt for a pending job, without changing
+	// its version: both attempts then race for the result slot.
+	Hedge(ctx context.Context, ref AttemptRef, next NextAttempt) (Attempt, error)
+
+	// Complete offers the attempt's result to the job by compare-and-swap on
+	// (id, version, completed_by IS NULL) within the attempt's deadline. The
+	// loser's result is discarded and the attempt becomes lost; the returned
+	// job then holds the winner's answer (or none, if the job was resolved
+	// otherwise).
+	Complete(ctx context.Context, ref AttemptRef, resp Response) (Completion, error)
+
+	// SaveBody stores the body of an answer whose result slot the attempt
+	// already won with Complete (a stream, or an answer sent before it
+	// ended). size is the length of the whole body; stored is false when
+	// the body was cut short or too large, and body is then dropped.
+	SaveBody(ctx context.Context, ref AttemptRef, body []byte, size int64, stored bool) error
+
+	// Fail records a definitive failure of the attempt. With next set, a new
+	// attempt for that provider starts in the same step (failover), unless
+	// another attempt of the job is still starting or unknown, or the job
+	// was settled meanwhile (ErrBlocked; the failure is recorded all the
+	// same). Without next, the job becomes failed once no other attempt is
+	// starting or unknown.
+	Fail(ctx context.Context, ref AttemptRef, reason string, next *NextAttempt) (*Attempt, error)
+
+	// MarkUnknown records that the attempt's outcome is unknown. The job
+	// becomes unknown unless a result already won; its version is kept, so a
+	// late result can still complete it.
+	MarkUnknown(ctx context.Context, ref AttemptRef, reason string) error
+
+	// Resolve settles a job out of band: cancel (the job becomes failed, its
+	// starting and unknown attempts cancelled) or complete (by CAS, with an
+	// attempt whose provider is "admin"). ErrCompleted if it already completed.
+	Resolve(ctx context.Context, jobID string, r Resolution) (*Job, error)
+
+	// Job returns one job with its attempts, or ErrNotFound.
+	Job(ctx context.Context, jobID string) (*Job, error)
+
+	// Jobs lists jobs newest first, one page at a time.
+	Jobs(ctx context.Context, q JobQuery) (JobPage, error)
+
+	// Wait blocks until the job is no longer pending (completed, failed or
+	// unknown, including a lease that ran out) or ctx ends, and returns it.
+	// It is woken by a notification, not by polling.
+	Wait(ctx context.Context, jobID string) (*Job, error)
+
+	// Sweep records expired leases as unknown and removes up to limit jobs
+	// whose retention has passed.
+	Sweep(ctx context.Context, limit int) (SweepStats, error)
+
+	// Close releases the ledger's resources.
+	Close() error
+}
+
+// ReserveParams identify a request and the first attempt to start for it.
+type ReserveParams struct {
+	// OwnerHash and KeyHash identify the job; they are hashes, never the
+	// owner or the key in clear.
+	OwnerHash []byte
+	KeyHash   []byte
+	// Fingerprint is the hash of the request; FingerprintVersion the
+	// version of its encoding.
+	Fingerprint        []byte
+	FingerprintVersion int
+	// Retention is how long the job is kept once it completed or failed.
+	Retention time.Duration
+	// Attempt is the attempt to start when the job is created or re-opened.
+	Attempt NextAttempt
+}
+
+// NextAttempt describes an attempt about to start.
+type NextAttempt struct {
+	// Provider names the provider the attempt is sent to.
+	Provider string
+	// Lease is how long the attempt may run: its attempt_deadline is the
+	// ledger's clock plus Lease.
+	Lease time.Duration
+}
+
+// Outcome says what Reserve found or did.
+type Outcome int
+
+const (
+	// Created: a new job with attempt 1 starting.
+	Created Outcome = iota + 1
+	// Reopened: a failed job, re-opened with a new attempt starting.
+	Reopened
+	// Mismatch: the key is taken by a request with another fingerprint.
+	Mismatch
+	// Done: the job completed; Job.Response holds its answer.
+	Done
+	// InFlight: an attempt of the job is starting; Attempt is that attempt.
+	InFlight
+	// Unknown: an attempt's outcome is unknown; no new attempt may start.
+	Unknown
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Created:
+		return "created"
+	case Reopened:
+		return "reopened"
+	case Mismatch:
+		return "mismatch"
+	case Done:
+		return "done"
+	case InFlight:
+		return "in_flight"
+	case Unknown:
+		return "unknown"
+	}
+	return "invalid"
+}
+
+// Reservation is the answer to Reserve.
+type Reservation struct {
+	Outcome Outcome
+	// Job is the job as Reserve left it. On Mismatch it carries only the id
+	// and state: never the other request's answer.
+	Job *Job
+	// Attempt is the attempt this call started (Created, Reopened), or the
+	// one that blocks new attempts (InFlight, Unknown; nil when none).
+	Attempt *Attempt
+	// Now is the ledger's clock at the reservation, to compare with
+	// Attempt.Deadline.
+	Now time.Time
+}
+
+// Completion is the answer to Complete.
+type Completion struct {
+	// Won is true when this attempt took the result slot.
+	Won bool
+	// Job is the job after the CAS: on a loss, it holds the winner's answer
+	// if there is one.
+	Job *Job
+}
+
+// Resolution is an operator's decision on a job.
+type Resolution struct {
+	// Cancel makes the job failed and its running attempts cancelled.
+	Cancel bool
+	// Response, when Cancel is false, completes the job with this answer.
+	Response *Response
+}
+
+// JobQuery filters and pages a listing of jobs.
+type JobQuery struct {
+	State    JobState // empty: any
+	Provider string   // empty: any; else jobs with an attempt on it
+	Limit    int      // 0: DefaultLimit
+	Before   string   // cursor: list jobs older than this job id
+}
+
+// DefaultLimit is the page size of Jobs when JobQuery.Limit is 0; MaxLimit
+// caps it.
+const (
+	DefaultLimit = 50
+	MaxLimit     = 1000
+)
+
+// JobPage is one page of a listing. Next is the cursor of the next page, or
+// empty at the end.
+type JobPage struct {
+	Jobs []*Job
+	Next string
+}
+
+// SweepStats counts what one sweep did.
+type SweepStats struct {
+	Unknown int // attempts whose lease ran out, recorded as unknown
+	Removed int // expired jobs removed
+}
+
+// Errors returned by ledgers. Any other error means the ledger could not
+// answer: the gateway fails closed.
+var (
+	ErrNotFound  = errors.New("ledger: job not found")
+	ErrStale     = errors.New("ledger: attempt is no longer running")
+	ErrBlocked   = errors.New("ledger: another attempt is starting or unknown")
+	ErrCompleted = errors.New("ledger: job already completed")
+)
+
+// EffectiveLimit clamps a requested page size.
+func EffectiveLimit(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultLimit
+	case n > MaxLimit:
+		return MaxLimit
+	}
+	return n
+}

@@ -1,0 +1,909 @@
+// Package ledgertest is the conformance suite every Ledger backend passes:
+// the breakpoints of an idempotency design (concurrent reservations,
+// fingerprint mismatches, blocked attempts, reverse-order races, late
+// results, leases and expiry) asserted once, against each backend.
+package ledgertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// Harness opens the backend under test.
+type Harness struct {
+	// New returns a ledger over a store no other test uses, closed by the
+	// harness when the test ends.
+	New func(t *testing.T) ledger.Ledger
+	// Peer returns another ledger instance sharing l's store, as a second
+	// gateway process would (for memory, l itself).
+	Peer func(t *testing.T, l ledger.Ledger) ledger.Ledger
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, h Harness) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, h Harness)
+	}{
+		{"ReserveCreates", testReserveCreates},
+		{"ConcurrentReserveOneJob", testConcurrentReserve},
+		{"FingerprintMismatch", testMismatch},
+		{"OwnersAreSeparate", testOwners},
+		{"NewAttemptRefusedWhileStarting", testBlockedWhileStarting},
+		{"NewAttemptRefusedWhileUnknown", testBlockedWhileUnknown},
+		{"FailoverRefusedWhileHedgeRuns", testFailoverBlockedByHedge},
+		{"HedgeReverseOrder", testHedgeReverseOrder},
+		{"UnknownKeepsVersionLateResultWins", testLateResultWins},
+		{"ResultAfterCancelLoses", testResultAfterCancel},
+		{"ConcurrentReopenStartsOne", testConcurrentReopen},
+		{"FailoverStartsNextAttempt", testFailover},
+		{"ExpiredLeaseReadsUnknown", testExpiredLease},
+		{"ResultAfterDeadlineLoses", testResultAfterDeadline},
+		{"ExpiredJobGivesNewID", testExpiredJob},
+		{"WaiterWokenByPeer", testWaiterWokenByPeer},
+		{"WaiterWokenByLeaseExpiry", testWaiterLease},
+		{"ResolveComplete", testResolveComplete},
+		{"SaveBodyAfterWin", testSaveBody},
+		{"ListNewestFirst", testList},
+		{"Sweep", testSweep},
+		{"NotFound", testNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
+	}
+}
+
+const (
+	long  = time.Minute
+	short = 400 * time.Millisecond
+)
+
+func randBytes(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// params returns reservation params for a fresh (owner, key).
+func params(lease time.Duration) ledger.ReserveParams {
+	return ledger.ReserveParams{
+		OwnerHash:          randBytes(32),
+		KeyHash:            randBytes(32),
+		Fingerprint:        randBytes(32),
+		FingerprintVersion: 1,
+		Retention:          time.Hour,
+		Attempt:            ledger.NextAttempt{Provider: "primary", Lease: lease},
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func reserve(t *testing.T, l ledger.Ledger, p ledger.ReserveParams, want ledger.Outcome) ledger.Reservation {
+	t.Helper()
+	r, err := l.Reserve(ctx(t), p)
+	if err != nil {
+		t.Fatalf("Reserve: %v", err)
+	}
+	if r.Outcome != want {
+		t.Fatalf("Reserve outcome = %v, want %v", r.Outcome, want)
+	}
+	if r.Job == nil || r.Job.ID == "" {
+		t.Fatalf("Reserve returned no job")
+	}
+	if (want == ledger.Created || want == ledger.Reopened) && (r.Attempt == nil || r.Attempt.State != ledger.AttemptStarting) {
+		t.Fatalf("Reserve %v returned attempt %+v, want a starting one", want, r.Attempt)
+	}
+	return r
+}
+
+func job(t *testing.T, l ledger.Ledger, id string) *ledger.Job {
+	t.Helper()
+	j, err := l.Job(ctx(t), id)
+	if err != nil {
+		t.Fatalf("Job(%s): %v", id, err)
+	}
+	return j
+}
+
+func response(body string) ledger.Response {
+	return ledger.Response{
+		Status: 201,
+		Header: map[string][]string{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
+		Body:   []byte(body),
+		Size:   int64(len(body)),
+		Stored: true,
+	}
+}
+
+func complete(t *testing.T, l ledger.Ledger, a *ledger.Attempt, body string, wantWon bool) ledger.Completion {
+	t.Helper()
+	c, err := l.Complete(ctx(t), a.Ref(), response(body))
+	if err != nil {
+		t.Fatalf("Complete(attempt %d): %v", a.Number, err)
+	}
+	if c.Won != wantWon {
+		t.Fatalf("Complete(attempt %d) won = %v, want %v", a.Number, c.Won, wantWon)
+	}
+	if c.Job == nil {
+		t.Fatalf("Complete returned no job")
+	}
+	return c
+}
+
+func attempt(t *testing.T, j *ledger.Job, n int) ledger.Attempt {
+	t.Helper()
+	for _, a := range j.Attempts {
+		if a.Number == n {
+			return a
+		}
+	}
+	t.Fatalf("job %s has no attempt %d (attempts %+v)", j.ID, n, j.Attempts)
+	return ledger.Attempt{}
+}
+
+func wantState(t *testing.T, j *ledger.Job, js ledger.JobState, as ...ledger.AttemptState) {
+	t.Helper()
+	if j.State != js {
+		t.Errorf("job state = %s, want %s", j.State, js)
+	}
+	if len(j.Attempts) != len(as) {
+		t.Fatalf("job has %d attempts, want %d: %+v", len(j.Attempts), len(as), j.Attempts)
+	}
+	for i, s := range as {
+		if a := attempt(t, j, i+1); a.State != s {
+			t.Errorf("attempt %d state = %s, want %s", i+1, a.State, s)
+		}
+	}
+}
+
+// eventually polls cond until it holds or 10s pass: for deadlines judged by
+// the ledger's own clock, which a test cannot move.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func testReserveCreates(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if r.Attempt.Number != 1 || r.Attempt.Provider != "primary" || r.Attempt.JobID != r.Job.ID {
+		t.Errorf("attempt = %+v", r.Attempt)
+	}
+	if r.Job.State != ledger.JobPending || r.Job.CompletedBy != "" {
+		t.Errorf("job = %+v", r.Job)
+	}
+	if d := r.Attempt.Deadline.Sub(r.Now); d < long-5*time.Second || d > long+time.Second {
+		t.Errorf("attempt deadline is %v after the ledger's now, want about %v", d, long)
+	}
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobPending, ledger.AttemptStarting)
+	if !bytes.Equal(j.OwnerHash, p.OwnerHash) || !bytes.Equal(j.KeyHash, p.KeyHash) || !bytes.Equal(j.Fingerprint, p.Fingerprint) || j.FingerprintVersion != 1 {
+		t.Errorf("stored identity differs: %+v", j)
+	}
+	c := complete(t, l, r.Attempt, `{"ok":true}`, true)
+	if c.Job.State != ledger.JobCompleted || c.Job.CompletedBy != r.Attempt.ID || c.Job.Version != r.Job.Version+1 {
+		t.Errorf("completion job = %+v", c.Job)
+	}
+	again := reserve(t, l, p, ledger.Done)
+	if again.Job.ID != r.Job.ID {
+		t.Errorf("replay job id %s, want %s", again.Job.ID, r.Job.ID)
+	}
+	want := response(`{"ok":true}`)
+	got := again.Job.Response
+	if got == nil || got.Status != want.Status || string(got.Body) != string(want.Body) || !got.Stored || got.Size != want.Size ||
+		fmt.Sprint(got.Header) != fmt.Sprint(want.Header) {
+		t.Errorf("replayed response = %+v, want %+v", got, want)
+	}
+	j = job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobCompleted, ledger.AttemptSucceeded)
+	if j.CompletedAt.IsZero() || j.ExpiresAt.IsZero() {
+		t.Errorf("completed job lacks completed_at or expires_at: %+v", j)
+	}
+}
+
+func testConcurrentReserve(t *testing.T, h Harness) {
+	l := h.New(t)
+	peer := h.Peer(t, l)
+	p := params(long)
+	const n = 50
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		created int
+		ids     = map[string]int{}
+		errs    []error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			lg := l
+			if i%2 == 1 {
+				lg = peer
+			}
+			r, err := lg.Reserve(context.Background(), p)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			ids[r.Job.ID]++
+			switch r.Outcome {
+			case ledger.Created:
+				created++
+			case ledger.InFlight:
+			default:
+				errs = append(errs, fmt.Errorf("outcome %v", r.Outcome))
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	if created != 1 || len(ids) != 1 {
+		t.Fatalf("%d reservations created jobs %v; want exactly one creation of one job", created, ids)
+	}
+	for id := range ids {
+		wantState(t, job(t, l, id), ledger.JobPending, ledger.AttemptStarting)
+	}
+}
+
+func testMismatch(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	other := p
+	other.Fingerprint = randBytes(32)
+	m := reserve(t, l, other, ledger.Mismatch)
+	if m.Job.ID != r.Job.ID || m.Attempt != nil {
+		t.Errorf("mismatch reservation = %+v", m)
+	}
+	complete(t, l, r.Attempt, "secret answer", true)
+	m = reserve(t, l, other, ledger.Mismatch)
+	if m.Job.Response != nil {
+		t.Errorf("mismatch returned the existing job's answer: %+v", m.Job.Response)
+	}
+	v2 := p
+	v2.FingerprintVersion = 2
+	reserve(t, l, v2, ledger.Mismatch)
+	wantState(t, job(t, l, r.Job.ID), ledger.JobCompleted, ledger.AttemptSucceeded)
+}
+
+func testOwners(t *testing.T, h Harness) {
+	l := h.New(t)
+	a := params(long)
+	b := a
+	b.OwnerHash = randBytes(32)
+	b.Fingerprint = randBytes(32)
+	ra := reserve(t, l, a, ledger.Created)
+	rb := reserve(t, l, b, ledger.Created)
+	if ra.Job.ID == rb.Job.ID {
+		t.Fatalf("two owners share job %s", ra.Job.ID)
+	}
+	complete(t, l, ra.Attempt, "A's answer", true)
+	// B's job is still B's own, in flight, with B's fingerprint.
+	reserve(t, l, b, ledger.InFlight)
+}
+
+func testBlockedWhileStarting(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	for range 3 {
+		again := reserve(t, l, p, ledger.InFlight)
+		if again.Attempt == nil || again.Attempt.ID != r.Attempt.ID {
+			t.Fatalf("in-flight reservation names attempt %+v, want %s", again.Attempt, r.Attempt.ID)
+		}
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobPending, ledger.AttemptStarting)
+}
+
+func testBlockedWhileUnknown(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		u := reserve(t, l, p, ledger.Unknown)
+		if u.Attempt == nil || u.Attempt.ID != r.Attempt.ID || !u.Attempt.Deadline.After(u.Now) {
+			t.Fatalf("unknown reservation names attempt %+v at %v", u.Attempt, u.Now)
+		}
+	}
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobUnknown, ledger.AttemptUnknown)
+	if a := attempt(t, j, 1); a.Error != "timeout" {
+		t.Errorf("attempt error = %q, want the reason given", a.Error)
+	}
+	// A definitive failure of another path must not start one either.
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "late", &ledger.NextAttempt{Provider: "x", Lease: long}); err == nil {
+		t.Errorf("Fail with next on an unknown attempt succeeded")
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
+}
+
+func testFailoverBlockedByHedge(t *testing.T, h Harness) {
+	l := h.New(t)
+	r := reserve(t, l, params(long), ledger.Created)
+	hedge, err := l.Hedge(ctx(t), r.Attempt.Ref(), ledger.NextAttempt{Provider: "fallback", Lease: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hedge.Number != 2 || hedge.JobVersion != r.Attempt.JobVersion {
+		t.Errorf("hedge attempt = %+v; want number 2 at the same version", hedge)
+	}
+	_, err = l.Fail(ctx(t), r.Attempt.Ref(), "503", &ledger.NextAttempt{Provider: "third", Lease: long})
+	if !errors.Is(err, ledger.ErrBlocked) {
+		t.Fatalf("failover while a hedge runs: err = %v, want ErrBlocked", err)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobPending, ledger.AttemptFailed, ledger.AttemptStarting)
+	// The hedge failing too, with nothing left, fails the job.
+	if _, err := l.Fail(ctx(t), hedge.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptFailed, ledger.AttemptFailed)
+}
+
+func testHedgeReverseOrder(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	hedge, err := l.Hedge(ctx(t), r.Attempt.Ref(), ledger.NextAttempt{Provider: "fallback", Lease: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The hedge started second and finishes first: it wins.
+	complete(t, l, &hedge, "from the hedge", true)
+	// The first attempt finishes second: it loses, whatever its rank.
+	c := complete(t, l, r.Attempt, "from the primary", false)
+	if c.Job.Response == nil || string(c.Job.Response.Body) != "from the hedge" {
+		t.Errorf("loser sees response %+v, want the winner's", c.Job.Response)
+	}
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobCompleted, ledger.AttemptLost, ledger.AttemptSucceeded)
+	if j.CompletedBy != hedge.ID || string(j.Response.Body) != "from the hedge" {
+		t.Errorf("job completed by %s with %q, want the hedge's answer", j.CompletedBy, j.Response.Body)
+	}
+	rr := reserve(t, l, p, ledger.Done)
+	if string(rr.Job.Response.Body) != "from the hedge" {
+		t.Errorf("replay shows %q, a lost attempt's result", rr.Job.Response.Body)
+	}
+	// A hedge of a settled job is refused.
+	if _, err := l.Hedge(ctx(t), r.Attempt.Ref(), ledger.NextAttempt{Provider: "x", Lease: long}); err == nil {
+		t.Errorf("Hedge of a completed job succeeded")
+	}
+}
+
+func testLateResultWins(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	j := job(t, l, r.Job.ID)
+	if j.Version != r.Job.Version {
+		t.Fatalf("MarkUnknown changed version %d -> %d", r.Job.Version, j.Version)
+	}
+	complete(t, l, r.Attempt, "late", true)
+	j = job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobCompleted, ledger.AttemptSucceeded)
+	if string(j.Response.Body) != "late" {
+		t.Errorf("body = %q", j.Response.Body)
+	}
+	// A winner is never overwritten by marking unknown or failed.
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "again"); err == nil {
+		t.Errorf("MarkUnknown of a succeeded attempt was accepted")
+	}
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "again", nil); err == nil {
+		t.Errorf("Fail of a succeeded attempt was accepted")
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobCompleted, ledger.AttemptSucceeded)
+}
+
+func testResultAfterCancel(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	j, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Cancel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != ledger.JobFailed || j.Version != r.Job.Version+1 {
+		t.Errorf("cancelled job = %+v, want failed with version+1", j)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptCancelled)
+	c := complete(t, l, r.Attempt, "too late", false)
+	if c.Job.Response != nil {
+		t.Errorf("loser sees response %+v after a cancel", c.Job.Response)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptLost)
+	// The retry re-opens the job with attempt 2 and a new version; attempt
+	// 1 still cannot win.
+	re := reserve(t, l, p, ledger.Reopened)
+	if re.Attempt.Number != 2 || re.Job.Version != r.Job.Version+2 {
+		t.Errorf("re-open: attempt %d version %d", re.Attempt.Number, re.Job.Version)
+	}
+	complete(t, l, r.Attempt, "later still", false)
+	complete(t, l, re.Attempt, "fresh", true)
+	if got := reserve(t, l, p, ledger.Done).Job.Response.Body; string(got) != "fresh" {
+		t.Errorf("replay = %q", got)
+	}
+}
+
+func testConcurrentReopen(t *testing.T, h Harness) {
+	l := h.New(t)
+	peer := h.Peer(t, l)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptFailed)
+	const n = 20
+	var wg sync.WaitGroup
+	outcomes := make([]ledger.Outcome, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			lg := l
+			if i%2 == 1 {
+				lg = peer
+			}
+			rr, err := lg.Reserve(context.Background(), p)
+			outcomes[i], errs[i] = rr.Outcome, err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	reopened := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		switch outcomes[i] {
+		case ledger.Reopened:
+			reopened++
+		case ledger.InFlight:
+		default:
+			t.Errorf("outcome %v", outcomes[i])
+		}
+	}
+	if reopened != 1 {
+		t.Fatalf("%d callers re-opened the failed job, want 1", reopened)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobPending, ledger.AttemptFailed, ledger.AttemptStarting)
+}
+
+func testFailover(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	next, err := l.Fail(ctx(t), r.Attempt.Ref(), "connect_error", &ledger.NextAttempt{Provider: "fallback", Lease: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next == nil || next.Number != 2 || next.Provider != "fallback" || next.State != ledger.AttemptStarting || next.JobID != r.Job.ID {
+		t.Fatalf("failover attempt = %+v", next)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobPending, ledger.AttemptFailed, ledger.AttemptStarting)
+	reserve(t, l, p, ledger.InFlight)
+	if _, err := l.Fail(ctx(t), next.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobFailed, ledger.AttemptFailed, ledger.AttemptFailed)
+	if a := attempt(t, j, 1); a.Error != "connect_error" || a.FinishedAt.IsZero() {
+		t.Errorf("attempt 1 = %+v", a)
+	}
+	if j.Version != r.Job.Version {
+		t.Errorf("failing changed version %d -> %d", r.Job.Version, j.Version)
+	}
+	// Failing twice is refused.
+	if _, err := l.Fail(ctx(t), next.Ref(), "again", nil); !errors.Is(err, ledger.ErrStale) {
+		t.Errorf("second Fail: err = %v, want ErrStale", err)
+	}
+	re := reserve(t, l, p, ledger.Reopened)
+	if re.Attempt.Number != 3 || re.Job.ID != r.Job.ID || re.Job.Version != r.Job.Version+1 {
+		t.Errorf("re-open = attempt %+v job version %d", re.Attempt, re.Job.Version)
+	}
+}
+
+func testExpiredLease(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(short)
+	r := reserve(t, l, p, ledger.Created)
+	eventually(t, "the attempt's lease runs out", func() bool {
+		j := job(t, l, r.Job.ID)
+		return j.State == ledger.JobUnknown && attempt(t, j, 1).State == ledger.AttemptUnknown
+	})
+	u := reserve(t, l, p, ledger.Unknown)
+	if u.Attempt == nil || u.Attempt.Deadline.After(u.Now) {
+		t.Errorf("unknown reservation: attempt %+v now %v; want a deadline passed", u.Attempt, u.Now)
+	}
+	// Every read agrees, without a sweep.
+	page, err := l.Jobs(ctx(t), ledger.JobQuery{State: ledger.JobUnknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, j := range page.Jobs {
+		found = found || j.ID == r.Job.ID
+	}
+	if !found {
+		t.Errorf("listing unknown jobs misses the expired lease's job")
+	}
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", nil); err == nil {
+		t.Errorf("Fail after the lease ran out was accepted")
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
+}
+
+func testResultAfterDeadline(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(short)
+	r := reserve(t, l, p, ledger.Created)
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ledger's clock passes the attempt deadline", func() bool {
+		u := reserve(t, l, p, ledger.Unknown)
+		return !u.Now.Before(u.Attempt.Deadline)
+	})
+	c := complete(t, l, r.Attempt, "after the deadline", false)
+	if c.Job.Response != nil {
+		t.Errorf("loser sees response %+v", c.Job.Response)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptLost)
+}
+
+func testExpiredJob(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	p.Retention = short
+	r := reserve(t, l, p, ledger.Created)
+	complete(t, l, r.Attempt, "old", true)
+	var fresh ledger.Reservation
+	eventually(t, "the job expires", func() bool {
+		var err error
+		fresh, err = l.Reserve(ctx(t), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fresh.Outcome != ledger.Done
+	})
+	if fresh.Outcome != ledger.Created || fresh.Job.ID == r.Job.ID || fresh.Attempt.Number != 1 {
+		t.Fatalf("after expiry: %v job %s attempt %+v; want a new job", fresh.Outcome, fresh.Job.ID, fresh.Attempt)
+	}
+	if _, err := l.Job(ctx(t), r.Job.ID); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("old job: err = %v, want ErrNotFound", err)
+	}
+	j := job(t, l, fresh.Job.ID)
+	wantState(t, j, ledger.JobPending, ledger.AttemptStarting)
+	if j.Response != nil {
+		t.Errorf("new job carries the old answer")
+	}
+	// The old job's attempt cannot touch the new job.
+	if c, err := l.Complete(ctx(t), r.Attempt.Ref(), response("ghost")); err == nil && c.Won {
+		t.Errorf("old attempt won on the replacing job")
+	}
+	complete(t, l, fresh.Attempt, "new", true)
+	// An expired failed job is replaced too, and a different fingerprint
+	// is then no mismatch.
+	q := params(long)
+	q.Retention = short
+	rq := reserve(t, l, q, ledger.Created)
+	if _, err := l.Fail(ctx(t), rq.Attempt.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	q.Fingerprint = randBytes(32)
+	eventually(t, "the failed job expires", func() bool {
+		rr, err := l.Reserve(ctx(t), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rr.Outcome == ledger.Created && rr.Job.ID != rq.Job.ID
+	})
+}
+
+func testWaiterWokenByPeer(t *testing.T, h Harness) {
+	l := h.New(t)
+	peer := h.Peer(t, l)
+	r := reserve(t, l, params(long), ledger.Created)
+	done := make(chan *ledger.Job, 1)
+	errc := make(chan error, 1)
+	go func() {
+		j, err := l.Wait(ctx(t), r.Job.ID)
+		if err != nil {
+			errc <- err
+			return
+		}
+		done <- j
+	}()
+	complete(t, peer, r.Attempt, "via peer", true)
+	select {
+	case j := <-done:
+		if j.State != ledger.JobCompleted || string(j.Response.Body) != "via peer" {
+			t.Errorf("waiter got %+v", j)
+		}
+	case err := <-errc:
+		t.Fatal(err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("waiter was not woken")
+	}
+	// A settled job returns at once.
+	j, err := peer.Wait(ctx(t), r.Job.ID)
+	if err != nil || j.State != ledger.JobCompleted {
+		t.Errorf("Wait on a completed job = %v, %v", j, err)
+	}
+	// Each settling transition wakes a waiter: unknown and failed too.
+	for _, settle := range []func(a *ledger.Attempt) error{
+		func(a *ledger.Attempt) error { return peer.MarkUnknown(context.Background(), a.Ref(), "timeout") },
+		func(a *ledger.Attempt) error { _, err := peer.Fail(context.Background(), a.Ref(), "503", nil); return err },
+	} {
+		r := reserve(t, l, params(long), ledger.Created)
+		go func() {
+			j, err := l.Wait(ctx(t), r.Job.ID)
+			if err != nil {
+				errc <- err
+				return
+			}
+			done <- j
+		}()
+		if err := settle(r.Attempt); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case j := <-done:
+			if j.State == ledger.JobPending {
+				t.Errorf("waiter returned a pending job")
+			}
+		case err := <-errc:
+			t.Fatal(err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("waiter was not woken")
+		}
+	}
+	// A waiter gives up with its context.
+	r = reserve(t, l, params(long), ledger.Created)
+	c, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := l.Wait(c, r.Job.ID); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait with an ended context: err = %v", err)
+	}
+}
+
+func testWaiterLease(t *testing.T, h Harness) {
+	l := h.New(t)
+	r := reserve(t, l, params(short), ledger.Created)
+	j, err := l.Wait(ctx(t), r.Job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != ledger.JobUnknown {
+		t.Errorf("after the lease ran out, waiter got state %s, want unknown", j.State)
+	}
+}
+
+func testResolveComplete(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	resp := response("operator's answer")
+	j, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Response: &resp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != ledger.JobCompleted || j.Version != r.Job.Version+1 {
+		t.Errorf("resolved job = %+v", j)
+	}
+	j = job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobCompleted, ledger.AttemptCancelled, ledger.AttemptSucceeded)
+	if a := attempt(t, j, 2); a.Provider != ledger.AdminProvider || j.CompletedBy != a.ID {
+		t.Errorf("admin attempt = %+v, completed by %s", a, j.CompletedBy)
+	}
+	if string(reserve(t, l, p, ledger.Done).Job.Response.Body) != "operator's answer" {
+		t.Errorf("replay is not the operator's answer")
+	}
+	if _, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Cancel: true}); !errors.Is(err, ledger.ErrCompleted) {
+		t.Errorf("cancel of a completed job: err = %v, want ErrCompleted", err)
+	}
+	if _, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Response: &resp}); !errors.Is(err, ledger.ErrCompleted) {
+		t.Errorf("complete of a completed job: err = %v, want ErrCompleted", err)
+	}
+	complete(t, l, r.Attempt, "late", false)
+}
+
+func testSaveBody(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	head := ledger.Response{Status: 200, Header: map[string][]string{"Content-Type": {"text/event-stream"}}}
+	c, err := l.Complete(ctx(t), r.Attempt.Ref(), head)
+	if err != nil || !c.Won {
+		t.Fatalf("Complete headers: %v %v", c.Won, err)
+	}
+	if rr := reserve(t, l, p, ledger.Done); rr.Job.Response.Stored {
+		t.Errorf("body counted as stored before it was saved")
+	}
+	if err := l.SaveBody(ctx(t), r.Attempt.Ref(), []byte("data: 1\n\n"), 9, true); err != nil {
+		t.Fatal(err)
+	}
+	got := reserve(t, l, p, ledger.Done).Job.Response
+	if !got.Stored || string(got.Body) != "data: 1\n\n" || got.Size != 9 || got.Status != 200 {
+		t.Errorf("stored stream = %+v", got)
+	}
+	// A body that was cut short is recorded as not stored.
+	q := params(long)
+	rq := reserve(t, l, q, ledger.Created)
+	if c, err := l.Complete(ctx(t), rq.Attempt.Ref(), head); err != nil || !c.Won {
+		t.Fatal(err)
+	}
+	if err := l.SaveBody(ctx(t), rq.Attempt.Ref(), []byte("partial"), 1<<30, false); err != nil {
+		t.Fatal(err)
+	}
+	got = reserve(t, l, q, ledger.Done).Job.Response
+	if got.Stored || len(got.Body) != 0 || got.Size != 1<<30 {
+		t.Errorf("unstored answer = %+v", got)
+	}
+	// Only the winner may save a body.
+	hq := params(long)
+	rh := reserve(t, l, hq, ledger.Created)
+	hedge, err := l.Hedge(ctx(t), rh.Attempt.Ref(), ledger.NextAttempt{Provider: "b", Lease: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	complete(t, l, &hedge, "winner", true)
+	complete(t, l, rh.Attempt, "loser", false)
+	if err := l.SaveBody(ctx(t), rh.Attempt.Ref(), []byte("loser"), 5, true); err == nil {
+		t.Errorf("a lost attempt saved its body")
+	}
+	if b := reserve(t, l, hq, ledger.Done).Job.Response.Body; string(b) != "winner" {
+		t.Errorf("replay = %q", b)
+	}
+}
+
+func testList(t *testing.T, h Harness) {
+	l := h.New(t)
+	var ids []string
+	for i := range 5 {
+		p := params(long)
+		if i == 4 {
+			p.Attempt.Provider = "special"
+		}
+		r := reserve(t, l, p, ledger.Created)
+		ids = append(ids, r.Job.ID)
+		if i%2 == 0 {
+			complete(t, l, r.Attempt, "x", true)
+		}
+	}
+	var got []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		page, err := l.Jobs(ctx(t), ledger.JobQuery{Limit: 2, Before: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Jobs) > 2 {
+			t.Fatalf("page of %d jobs, limit 2", len(page.Jobs))
+		}
+		for _, j := range page.Jobs {
+			got = append(got, j.ID)
+		}
+		if page.Next == "" || pages > 5 {
+			break
+		}
+		cursor = page.Next
+	}
+	want := []string{ids[4], ids[3], ids[2], ids[1], ids[0]}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("listing = %v, want newest first %v", got, want)
+	}
+	page, err := l.Jobs(ctx(t), ledger.JobQuery{State: ledger.JobCompleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Jobs) != 3 || page.Next != "" {
+		t.Errorf("completed jobs: %d (next %q), want 3", len(page.Jobs), page.Next)
+	}
+	for _, j := range page.Jobs {
+		if j.State != ledger.JobCompleted {
+			t.Errorf("state filter let %s through", j.State)
+		}
+	}
+	page, err = l.Jobs(ctx(t), ledger.JobQuery{Provider: "special"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Jobs) != 1 || page.Jobs[0].ID != ids[4] {
+		t.Errorf("provider filter = %d jobs", len(page.Jobs))
+	}
+}
+
+func testSweep(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(short)
+	r := reserve(t, l, p, ledger.Created)
+	q := params(long)
+	q.Retention = short
+	rq := reserve(t, l, q, ledger.Created)
+	complete(t, l, rq.Attempt, "x", true)
+	keep := reserve(t, l, params(long), ledger.Created)
+
+	total := ledger.SweepStats{}
+	eventually(t, "a sweep records the lease and removes the expired job", func() bool {
+		st, err := l.Sweep(ctx(t), 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total.Unknown += st.Unknown
+		total.Removed += st.Removed
+		return total.Unknown >= 1 && total.Removed >= 1
+	})
+	if total.Unknown != 1 || total.Removed != 1 {
+		t.Errorf("sweeps recorded %+v, want 1 unknown and 1 removed", total)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
+	if _, err := l.Job(ctx(t), rq.Job.ID); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("expired job still there: %v", err)
+	}
+	wantState(t, job(t, l, keep.Job.ID), ledger.JobPending, ledger.AttemptStarting)
+}
+
+func testNotFound(t *testing.T, h Harness) {
+	l := h.New(t)
+	id := ledger.NewID()
+	if _, err := l.Job(ctx(t), id); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("Job: %v", err)
+	}
+	if _, err := l.Resolve(ctx(t), id, ledger.Resolution{Cancel: true}); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("Resolve: %v", err)
+	}
+	if _, err := l.Wait(ctx(t), id); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("Wait: %v", err)
+	}
+	ref := ledger.AttemptRef{JobID: id, AttemptID: ledger.NewID(), Version: 1}
+	if _, err := l.Complete(ctx(t), ref, response("x")); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("Complete: %v", err)
+	}
+	if _, err := l.Job(ctx(t), "not-a-uuid"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("Job(not-a-uuid): %v", err)
+	}
+}

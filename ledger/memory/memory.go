@@ -1,0 +1,290 @@
+// Package memory is a Ledger held in process memory: for tests and demos.
+// Nothing survives a restart.
+package memory
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/fsm"
+)
+
+// Ledger is an in-memory ledger. The zero value is not usable: call New.
+type Ledger struct {
+	now func() time.Time
+
+	mu    sync.Mutex
+	byKey map[string]*entry // owner hash + key hash
+	byID  map[string]*entry
+}
+
+type entry struct {
+	job     *ledger.Job
+	changed chan struct{} // closed and replaced on every change
+}
+
+// Option configures a Ledger.
+type Option func(*Ledger)
+
+// WithClock sets the ledger's clock, by which deadlines and expiry are
+// judged. The default is time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(l *Ledger) { l.now = now }
+}
+
+// New returns an empty in-memory ledger.
+func New(opts ...Option) *Ledger {
+	l := &Ledger{
+		now:   time.Now,
+		byKey: make(map[string]*entry),
+		byID:  make(map[string]*entry),
+	}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
+}
+
+func identity(owner, key []byte) string {
+	var b strings.Builder
+	b.Grow(len(owner) + len(key) + 1)
+	b.Write(owner)
+	b.WriteByte(0)
+	b.Write(key)
+	return b.String()
+}
+
+// notify wakes the job's waiters. l.mu must be held.
+func (e *entry) notify() {
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// Reserve implements ledger.Ledger.
+func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	now := l.now()
+	id := identity(p.OwnerHash, p.KeyHash)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.byKey[id]
+	if e != nil && e.job.Expired(now) {
+		l.remove(e)
+		e = nil
+	}
+	if e == nil {
+		j := fsm.NewJob(p, now)
+		e = &entry{job: j, changed: make(chan struct{})}
+		l.byKey[id] = e
+		l.byID[j.ID] = e
+		a := j.Attempts[0]
+		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, nil
+	}
+	r, changed := fsm.Reserve(e.job, p, now)
+	if changed {
+		e.notify()
+	}
+	return r, nil
+}
+
+// remove deletes the entry and wakes its waiters. l.mu must be held.
+func (l *Ledger) remove(e *entry) {
+	delete(l.byKey, identity(e.job.OwnerHash, e.job.KeyHash))
+	delete(l.byID, e.job.ID)
+	e.notify()
+}
+
+// update runs fn on the job under the lock and wakes waiters.
+func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) error) error {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.byID[jobID]
+	if e == nil || e.job.Expired(now) {
+		return ledger.ErrNotFound
+	}
+	err := fn(e.job, now)
+	e.notify()
+	return err
+}
+
+// Hedge implements ledger.Ledger.
+func (l *Ledger) Hedge(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
+	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		a, err = fsm.Hedge(j, ref, next, now)
+		return err
+	})
+	return a, err
+}
+
+// Complete implements ledger.Ledger.
+func (l *Ledger) Complete(_ context.Context, ref ledger.AttemptRef, resp ledger.Response) (c ledger.Completion, err error) {
+	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		c, err = fsm.Complete(j, ref, resp, now)
+		return err
+	})
+	return c, err
+}
+
+// SaveBody implements ledger.Ledger.
+func (l *Ledger) SaveBody(_ context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	return l.update(ref.JobID, func(j *ledger.Job, _ time.Time) error {
+		return fsm.SaveBody(j, ref, body, size, stored)
+	})
+}
+
+// Fail implements ledger.Ledger.
+func (l *Ledger) Fail(_ context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (a *ledger.Attempt, err error) {
+	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		a, err = fsm.Fail(j, ref, reason, next, now)
+		return err
+	})
+	return a, err
+}
+
+// MarkUnknown implements ledger.Ledger.
+func (l *Ledger) MarkUnknown(_ context.Context, ref ledger.AttemptRef, reason string) error {
+	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		return fsm.MarkUnknown(j, ref, reason, now)
+	})
+}
+
+// Resolve implements ledger.Ledger.
+func (l *Ledger) Resolve(_ context.Context, jobID string, r ledger.Resolution) (j *ledger.Job, err error) {
+	err = l.update(jobID, func(job *ledger.Job, now time.Time) error {
+		if err := fsm.Resolve(job, r, now); err != nil {
+			return err
+		}
+		j = job.Clone()
+		return nil
+	})
+	return j, err
+}
+
+// get returns a snapshot of the job with leases applied, and the channel
+// that is closed on its next change.
+func (l *Ledger) get(jobID string) (*ledger.Job, <-chan struct{}, error) {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.byID[jobID]
+	if e == nil || e.job.Expired(now) {
+		return nil, nil, ledger.ErrNotFound
+	}
+	if fsm.ApplyLeases(e.job, now) > 0 {
+		e.notify()
+	}
+	return e.job.Clone(), e.changed, nil
+}
+
+// Job implements ledger.Ledger.
+func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
+	j, _, err := l.get(jobID)
+	return j, err
+}
+
+// Jobs implements ledger.Ledger.
+func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
+	limit := ledger.EffectiveLimit(q.Limit)
+	now := l.now()
+	l.mu.Lock()
+	var jobs []*ledger.Job
+	for _, e := range l.byID {
+		if e.job.Expired(now) || (q.Before != "" && e.job.ID >= q.Before) {
+			continue
+		}
+		fsm.ApplyLeases(e.job, now)
+		if fsm.Matches(e.job, q) {
+			jobs = append(jobs, e.job.Clone())
+		}
+	}
+	l.mu.Unlock()
+	slices.SortFunc(jobs, func(a, b *ledger.Job) int { return strings.Compare(b.ID, a.ID) })
+	var page ledger.JobPage
+	if len(jobs) > limit {
+		jobs = jobs[:limit]
+		page.Next = jobs[limit-1].ID
+	}
+	page.Jobs = jobs
+	return page, nil
+}
+
+// Wait implements ledger.Ledger.
+func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
+	for {
+		j, changed, err := l.get(jobID)
+		if err != nil {
+			return nil, err
+		}
+		if j.State != ledger.JobPending {
+			return j, nil
+		}
+		// Wake when the earliest lease runs out, in case nothing else
+		// changes the job before then.
+		var expire <-chan time.Time
+		var t *time.Timer
+		if d, ok := nextDeadline(j); ok {
+			t = time.NewTimer(d.Sub(l.now()))
+			expire = t.C
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-changed:
+		case <-expire:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if err != nil {
+			return j, err
+		}
+	}
+}
+
+func nextDeadline(j *ledger.Job) (time.Time, bool) {
+	var d time.Time
+	for _, a := range j.Attempts {
+		if a.State == ledger.AttemptStarting && (d.IsZero() || a.Deadline.Before(d)) {
+			d = a.Deadline
+		}
+	}
+	return d, !d.IsZero()
+}
+
+// Sweep implements ledger.Ledger.
+func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) {
+	var st ledger.SweepStats
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.byID {
+		if e.job.Expired(now) {
+			if st.Removed < limit {
+				l.remove(e)
+				st.Removed++
+			}
+			continue
+		}
+		if n := fsm.ApplyLeases(e.job, now); n > 0 {
+			st.Unknown += n
+			e.notify()
+		}
+	}
+	return st, nil
+}
+
+// Close implements ledger.Ledger.
+func (l *Ledger) Close() error { return nil }
+
+// Len returns the number of jobs held, expired or not.
+func (l *Ledger) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.byID)
+}
+
+var _ ledger.Ledger = (*Ledger)(nil)
