@@ -673,7 +673,10 @@ func testWaiterWokenByPeer(t *testing.T, h Harness) {
 	// Each settling transition wakes a waiter: unknown and failed too.
 	for _, settle := range []func(a *ledger.Attempt) error{
 		func(a *ledger.Attempt) error { return peer.MarkUnknown(context.Background(), a.Ref(), "timeout") },
-		func(a *ledger.Attempt) error { _, err := peer.Fail(context.Background(), a.Ref(), "503", nil); return err },
+		func(a *ledger.Attempt) error {
+			_, err := peer.Fail(context.Background(), a.Ref(), "503", nil)
+			return err
+		},
 	} {
 		r := reserve(t, l, params(long), ledger.Created)
 		go func() {

@@ -1,0 +1,203 @@
+package postgres
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// listener holds the one LISTEN connection of a Ledger, shared by all its
+// waiters. It starts with the first waiter and reconnects until closed;
+// after every (re)connect it wakes every waiter, so that each reads its job
+// again and nothing notified while it was away is missed.
+type listener struct {
+	cfg     *pgx.ConnConfig
+	channel string
+
+	mu      sync.Mutex
+	waiters map[string]map[chan struct{}]struct{}
+	ready   chan struct{} // closed while LISTEN is active
+	started bool
+	ctx     context.Context
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+func newListener(cfg *pgx.ConnConfig, channel string) *listener {
+	ctx, stop := context.WithCancel(context.Background())
+	return &listener{
+		cfg:     cfg,
+		channel: channel,
+		waiters: make(map[string]map[chan struct{}]struct{}),
+		ready:   make(chan struct{}),
+		ctx:     ctx,
+		stop:    stop,
+		done:    make(chan struct{}),
+	}
+}
+
+// subscribe registers a waiter for jobID and returns once the listener is
+// listening, so that a read made after it cannot miss a notification. The
+// returned channel receives a value on every notification for the job and
+// after every reconnect.
+func (ln *listener) subscribe(ctx context.Context, jobID string) (chan struct{}, func(), error) {
+	ch := make(chan struct{}, 1)
+	ln.mu.Lock()
+	set := ln.waiters[jobID]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		ln.waiters[jobID] = set
+	}
+	set[ch] = struct{}{}
+	if !ln.started {
+		ln.started = true
+		go ln.run()
+	}
+	ready := ln.ready
+	ln.mu.Unlock()
+	cancel := func() {
+		ln.mu.Lock()
+		defer ln.mu.Unlock()
+		if set := ln.waiters[jobID]; set != nil {
+			delete(set, ch)
+			if len(set) == 0 {
+				delete(ln.waiters, jobID)
+			}
+		}
+	}
+	select {
+	case <-ready:
+		return ch, cancel, nil
+	case <-ctx.Done():
+		cancel()
+		return nil, nil, ctx.Err()
+	case <-ln.ctx.Done():
+		cancel()
+		return nil, nil, ledger.ErrNotFound
+	}
+}
+
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+func (ln *listener) run() {
+	defer close(ln.done)
+	backoff := 50 * time.Millisecond
+	for ln.ctx.Err() == nil {
+		conn, err := pgx.ConnectConfig(ln.ctx, ln.cfg)
+		if err == nil {
+			_, err = conn.Exec(ln.ctx, "LISTEN "+pgx.Identifier{ln.channel}.Sanitize())
+		}
+		if err == nil {
+			backoff = 50 * time.Millisecond
+			ln.mu.Lock()
+			close(ln.ready)
+			for _, set := range ln.waiters {
+				for ch := range set {
+					wake(ch)
+				}
+			}
+			ln.mu.Unlock()
+			err = ln.receive(conn)
+			ln.mu.Lock()
+			ln.ready = make(chan struct{})
+			ln.mu.Unlock()
+		}
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			conn.Close(cctx)
+			cancel()
+		}
+		select {
+		case <-ln.ctx.Done():
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
+}
+
+// receive dispatches notifications until the connection fails or the
+// listener is closed.
+func (ln *listener) receive(conn *pgx.Conn) error {
+	for {
+		n, err := conn.WaitForNotification(ln.ctx)
+		if err != nil {
+			return err
+		}
+		ln.mu.Lock()
+		for ch := range ln.waiters[n.Payload] {
+			wake(ch)
+		}
+		ln.mu.Unlock()
+	}
+}
+
+func (ln *listener) close() {
+	ln.stop()
+	ln.mu.Lock()
+	started := ln.started
+	ln.mu.Unlock()
+	if started {
+		<-ln.done
+	}
+}
+
+// Wait implements ledger.Ledger: it subscribes before it reads, and reads
+// again after each notification, reconnect, or lease deadline.
+func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
+	if !validID(jobID) {
+		return nil, ledger.ErrNotFound
+	}
+	ch, cancel, err := l.listen.subscribe(ctx, jobID)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	for {
+		j, now, err := l.load(ctx, jobID)
+		if err != nil {
+			return nil, err
+		}
+		if j.State != ledger.JobPending {
+			return j, nil
+		}
+		var (
+			timer  *time.Timer
+			expire <-chan time.Time
+		)
+		if d, ok := nextDeadline(j); ok {
+			timer = time.NewTimer(d.Sub(now))
+			expire = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-ch:
+		case <-expire:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if err != nil {
+			return j, err
+		}
+	}
+}
+
+func nextDeadline(j *ledger.Job) (time.Time, bool) {
+	var d time.Time
+	for _, a := range j.Attempts {
+		if a.State == ledger.AttemptStarting && (d.IsZero() || a.Deadline.Before(d)) {
+			d = a.Deadline
+		}
+	}
+	return d, !d.IsZero()
+}

@@ -1,0 +1,360 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+func encodeHeader(h map[string][]string) ([]byte, error) {
+	if h == nil {
+		return nil, nil
+	}
+	return json.Marshal(h)
+}
+
+func decodeHeader(b []byte) (map[string][]string, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var h map[string][]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("postgres ledger: stored headers: %w", err)
+	}
+	return h, nil
+}
+
+// validID reports whether id can name a row; other ids are simply not found.
+func validID(id string) bool {
+	_, err := uuid.Parse(id)
+	return err == nil
+}
+
+// responseCols are the nullable response columns a function returns.
+type responseCols struct {
+	status pgtype.Int4
+	header []byte
+	body   []byte
+	size   pgtype.Int8
+	stored pgtype.Bool
+}
+
+func (r *responseCols) dest() []any {
+	return []any{&r.status, &r.header, &r.body, &r.size, &r.stored}
+}
+
+func (r *responseCols) response() (*ledger.Response, error) {
+	if !r.status.Valid {
+		return nil, nil
+	}
+	h, err := decodeHeader(r.header)
+	if err != nil {
+		return nil, err
+	}
+	resp := &ledger.Response{Status: int(r.status.Int32), Header: h, Size: r.size.Int64, Stored: r.stored.Bool}
+	if resp.Stored {
+		resp.Body = r.body
+		if resp.Body == nil {
+			resp.Body = []byte{}
+		}
+	}
+	return resp, nil
+}
+
+func timeOf(t pgtype.Timestamptz) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time
+}
+
+func stringOf(t pgtype.Text) string { return t.String }
+
+// Reserve implements ledger.Ledger.
+func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	var (
+		outcome                                  string
+		ts                                       time.Time
+		jobID, jobState                          string
+		jobVersion                               int64
+		completedBy                              pgtype.Text
+		createdAt, completedAt, expiresAt        pgtype.Timestamptz
+		resp                                     responseCols
+		attemptID, attemptProvider, attemptState pgtype.Text
+		attemptNumber                            pgtype.Int4
+		attemptVersion                           pgtype.Int8
+		attemptStarted, attemptDeadline          pgtype.Timestamptz
+	)
+	dest := []any{&outcome, &ts, &jobID, &jobState, &jobVersion, &completedBy, &createdAt, &completedAt, &expiresAt}
+	dest = append(dest, resp.dest()...)
+	dest = append(dest, &attemptID, &attemptNumber, &attemptProvider, &attemptState, &attemptVersion, &attemptStarted, &attemptDeadline)
+	err := l.pool.QueryRow(ctx, `SELECT * FROM reserve($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		ledger.NewID(), ledger.NewID(), p.OwnerHash, p.KeyHash, p.Fingerprint, p.FingerprintVersion,
+		p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention)).Scan(dest...)
+	if err != nil {
+		return ledger.Reservation{}, fmt.Errorf("postgres ledger: reserve: %w", err)
+	}
+	r := ledger.Reservation{Now: ts}
+	switch outcome {
+	case "created":
+		r.Outcome = ledger.Created
+	case "reopened":
+		r.Outcome = ledger.Reopened
+	case "mismatch":
+		r.Outcome = ledger.Mismatch
+	case "done":
+		r.Outcome = ledger.Done
+	case "in_flight":
+		r.Outcome = ledger.InFlight
+	case "unknown":
+		r.Outcome = ledger.Unknown
+	default:
+		return ledger.Reservation{}, errUnexpected("reserve", outcome)
+	}
+	r.Job = &ledger.Job{
+		ID:        jobID,
+		State:     ledger.JobState(jobState),
+		Version:   jobVersion,
+		CreatedAt: timeOf(createdAt),
+	}
+	if r.Outcome == ledger.Mismatch {
+		return r, nil
+	}
+	j := r.Job
+	j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
+	j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
+	j.Retention = p.Retention
+	j.CompletedBy = stringOf(completedBy)
+	j.CompletedAt, j.ExpiresAt = timeOf(completedAt), timeOf(expiresAt)
+	if j.Response, err = resp.response(); err != nil {
+		return ledger.Reservation{}, err
+	}
+	if attemptID.Valid {
+		r.Attempt = &ledger.Attempt{
+			ID:         attemptID.String,
+			JobID:      jobID,
+			Number:     int(attemptNumber.Int32),
+			Provider:   attemptProvider.String,
+			State:      ledger.AttemptState(attemptState.String),
+			JobVersion: attemptVersion.Int64,
+			StartedAt:  timeOf(attemptStarted),
+			Deadline:   timeOf(attemptDeadline),
+		}
+		if r.Outcome == ledger.Created || r.Outcome == ledger.Reopened {
+			j.Attempts = []ledger.Attempt{*r.Attempt}
+		}
+	}
+	return r, nil
+}
+
+// Hedge implements ledger.Ledger.
+func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	if !validID(ref.JobID) {
+		return ledger.Attempt{}, ledger.ErrNotFound
+	}
+	a := ledger.Attempt{ID: ledger.NewID(), JobID: ref.JobID, Provider: next.Provider,
+		State: ledger.AttemptStarting, JobVersion: ref.Version}
+	var outcome string
+	var number pgtype.Int4
+	var started, deadline pgtype.Timestamptz
+	err := l.pool.QueryRow(ctx, `SELECT * FROM hedge($1, $2, $3, $4, $5)`,
+		ref.JobID, ref.Version, a.ID, next.Provider, micros(next.Lease)).Scan(&outcome, &number, &started, &deadline)
+	if err != nil {
+		return ledger.Attempt{}, fmt.Errorf("postgres ledger: hedge: %w", err)
+	}
+	switch outcome {
+	case "ok":
+		a.Number, a.StartedAt, a.Deadline = int(number.Int32), timeOf(started), timeOf(deadline)
+		return a, nil
+	case "not_found":
+		return ledger.Attempt{}, ledger.ErrNotFound
+	case "stale":
+		return ledger.Attempt{}, ledger.ErrStale
+	}
+	return ledger.Attempt{}, errUnexpected("hedge", outcome)
+}
+
+// Complete implements ledger.Ledger.
+func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
+	if !validID(ref.JobID) || !validID(ref.AttemptID) {
+		return ledger.Completion{}, ledger.ErrNotFound
+	}
+	header, err := encodeHeader(resp.Header)
+	if err != nil {
+		return ledger.Completion{}, err
+	}
+	body := resp.Body
+	if !resp.Stored {
+		body = nil
+	}
+	var (
+		outcome                string
+		state                  pgtype.Text
+		version                pgtype.Int8
+		completedBy            pgtype.Text
+		completedAt, expiresAt pgtype.Timestamptz
+		cols                   responseCols
+	)
+	dest := append([]any{&outcome, &state, &version, &completedBy, &completedAt, &expiresAt}, cols.dest()...)
+	err = l.pool.QueryRow(ctx, `SELECT * FROM complete($1, $2, $3, $4, $5, $6, $7, $8)`,
+		ref.JobID, ref.AttemptID, ref.Version, resp.Status, header, body, resp.Size, resp.Stored).Scan(dest...)
+	if err != nil {
+		return ledger.Completion{}, fmt.Errorf("postgres ledger: complete: %w", err)
+	}
+	if outcome == "not_found" {
+		return ledger.Completion{}, ledger.ErrNotFound
+	}
+	if outcome != "won" && outcome != "lost" {
+		return ledger.Completion{}, errUnexpected("complete", outcome)
+	}
+	j := &ledger.Job{
+		ID:          ref.JobID,
+		State:       ledger.JobState(state.String),
+		Version:     version.Int64,
+		CompletedBy: stringOf(completedBy),
+		CompletedAt: timeOf(completedAt),
+		ExpiresAt:   timeOf(expiresAt),
+	}
+	if j.Response, err = cols.response(); err != nil {
+		return ledger.Completion{}, err
+	}
+	return ledger.Completion{Won: outcome == "won", Job: j}, nil
+}
+
+// SaveBody implements ledger.Ledger.
+func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	if !validID(ref.JobID) || !validID(ref.AttemptID) {
+		return ledger.ErrNotFound
+	}
+	if !stored {
+		body = nil
+	}
+	tag, err := l.pool.Exec(ctx, `UPDATE jobs SET response_body = $3, response_size = $4, response_stored = $5
+		WHERE id = $1 AND completed_by = $2 AND response_status IS NOT NULL`,
+		ref.JobID, ref.AttemptID, body, size, stored)
+	if err != nil {
+		return fmt.Errorf("postgres ledger: save body: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ledger.ErrStale
+	}
+	return nil
+}
+
+// Fail implements ledger.Ledger.
+func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	if !validID(ref.JobID) || !validID(ref.AttemptID) {
+		return nil, ledger.ErrNotFound
+	}
+	var (
+		nextID       any
+		nextProvider string
+		nextLease    int64
+	)
+	var a *ledger.Attempt
+	if next != nil {
+		a = &ledger.Attempt{ID: ledger.NewID(), JobID: ref.JobID, Provider: next.Provider, State: ledger.AttemptStarting}
+		nextID, nextProvider, nextLease = a.ID, next.Provider, micros(next.Lease)
+	}
+	var (
+		outcome           string
+		number            pgtype.Int4
+		version           pgtype.Int8
+		started, deadline pgtype.Timestamptz
+	)
+	err := l.pool.QueryRow(ctx, `SELECT * FROM fail($1, $2, $3, $4, $5, $6)`,
+		ref.JobID, ref.AttemptID, reason, nextID, nextProvider, nextLease).Scan(&outcome, &number, &version, &started, &deadline)
+	if err != nil {
+		return nil, fmt.Errorf("postgres ledger: fail: %w", err)
+	}
+	switch outcome {
+	case "ok":
+		return nil, nil
+	case "next":
+		a.Number, a.JobVersion = int(number.Int32), version.Int64
+		a.StartedAt, a.Deadline = timeOf(started), timeOf(deadline)
+		return a, nil
+	case "blocked":
+		return nil, ledger.ErrBlocked
+	case "stale":
+		return nil, ledger.ErrStale
+	case "not_found":
+		return nil, ledger.ErrNotFound
+	}
+	return nil, errUnexpected("fail", outcome)
+}
+
+// MarkUnknown implements ledger.Ledger.
+func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason string) error {
+	if !validID(ref.JobID) || !validID(ref.AttemptID) {
+		return ledger.ErrNotFound
+	}
+	var outcome string
+	if err := l.pool.QueryRow(ctx, `SELECT mark_unknown($1, $2, $3)`, ref.JobID, ref.AttemptID, reason).Scan(&outcome); err != nil {
+		return fmt.Errorf("postgres ledger: mark unknown: %w", err)
+	}
+	return simpleOutcome("mark_unknown", outcome)
+}
+
+func simpleOutcome(fn, outcome string) error {
+	switch outcome {
+	case "ok":
+		return nil
+	case "not_found":
+		return ledger.ErrNotFound
+	case "stale":
+		return ledger.ErrStale
+	case "completed":
+		return ledger.ErrCompleted
+	}
+	return errUnexpected(fn, outcome)
+}
+
+// Resolve implements ledger.Ledger.
+func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution) (*ledger.Job, error) {
+	if !validID(jobID) {
+		return nil, ledger.ErrNotFound
+	}
+	cancel := r.Cancel || r.Response == nil
+	var (
+		status int
+		header []byte
+		body   []byte
+		err    error
+	)
+	if !cancel {
+		status, body = r.Response.Status, r.Response.Body
+		if body == nil {
+			body = []byte{}
+		}
+		if header, err = encodeHeader(r.Response.Header); err != nil {
+			return nil, err
+		}
+	}
+	var outcome string
+	if err := l.pool.QueryRow(ctx, `SELECT resolve($1, $2, $3, $4, $5, $6)`,
+		jobID, cancel, ledger.NewID(), status, header, body).Scan(&outcome); err != nil {
+		return nil, fmt.Errorf("postgres ledger: resolve: %w", err)
+	}
+	if err := simpleOutcome("resolve", outcome); err != nil {
+		return nil, err
+	}
+	return l.Job(ctx, jobID)
+}
+
+// Sweep implements ledger.Ledger.
+func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error) {
+	var st ledger.SweepStats
+	if err := l.pool.QueryRow(ctx, `SELECT * FROM sweep($1)`, limit).Scan(&st.Unknown, &st.Removed); err != nil {
+		return st, fmt.Errorf("postgres ledger: sweep: %w", err)
+	}
+	return st, nil
+}

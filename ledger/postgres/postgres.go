@@ -1,0 +1,183 @@
+// Package postgres is a Ledger on PostgreSQL, for many gateway instances
+// sharing one database. Uniqueness of (owner, key) is a UNIQUE constraint,
+// each transition is one function call (one round trip, one transaction),
+// deadlines are judged by the server's clock, and waiters are woken through
+// LISTEN/NOTIFY on one connection per Ledger.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultSchema is the schema the ledger's tables live in.
+const DefaultSchema = "onejob"
+
+// Options configure a Ledger.
+type Options struct {
+	// Schema holds the ledger's tables and functions; default "onejob".
+	// Gateways that share a ledger use the same schema.
+	Schema string
+	// Tracer, if set, traces every query (for counting round trips).
+	Tracer pgx.QueryTracer
+}
+
+// Ledger is a PostgreSQL ledger.
+type Ledger struct {
+	pool    *pgxpool.Pool
+	schema  string
+	channel string
+	listen  *listener
+}
+
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// Open connects to the database at dsn (a PostgreSQL URL or key=value
+// string), applies the ledger's migrations under an advisory lock, and
+// returns the ledger.
+func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
+	schema := opts.Schema
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if !schemaName.MatchString(schema) {
+		return nil, fmt.Errorf("postgres ledger: invalid schema name %q", schema)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres ledger: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "onejob"
+	}
+	if opts.Tracer != nil {
+		cfg.ConnConfig.Tracer = opts.Tracer
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres ledger: %w", err)
+	}
+	if err := migrate(ctx, pool, schema); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	l := &Ledger{pool: pool, schema: schema, channel: schema + ".jobs"}
+	lcfg := cfg.ConnConfig.Copy()
+	lcfg.Tracer = nil
+	lcfg.RuntimeParams["application_name"] = "onejob-listener"
+	l.listen = newListener(lcfg, l.channel)
+	return l, nil
+}
+
+// Pool returns the ledger's connection pool.
+func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+
+// Schema returns the schema the ledger's tables live in.
+func (l *Ledger) Schema() string { return l.schema }
+
+// Close stops the listener and closes the pool.
+func (l *Ledger) Close() error {
+	l.listen.close()
+	l.pool.Close()
+	return nil
+}
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func loadMigrations() ([]migration, error) {
+	files, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, f := range files {
+		base := strings.TrimPrefix(f, "migrations/")
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration %s: name must start with a number", f)
+		}
+		b, err := migrations.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: base, sql: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("migration %s: expected version %d", m.name, i+1)
+		}
+	}
+	return ms, nil
+}
+
+// migrationLock is the advisory lock key under which migrations run, so that
+// gateways starting together apply each migration once.
+const migrationLock = 0x6f6e656a6f62 // "onejob"
+
+// migrate applies the missing migrations in one transaction, holding an
+// advisory lock.
+func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	ms, err := loadMigrations()
+	if err != nil {
+		return fmt.Errorf("postgres ledger: %w", err)
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
+			return fmt.Errorf("postgres ledger: migration lock: %w", err)
+		}
+		ident := pgx.Identifier{schema}.Sanitize()
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
+			return fmt.Errorf("postgres ledger: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+ident); err != nil {
+			return fmt.Errorf("postgres ledger: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version integer PRIMARY KEY,
+			name text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fmt.Errorf("postgres ledger: %w", err)
+		}
+		var current int
+		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&current); err != nil {
+			return fmt.Errorf("postgres ledger: %w", err)
+		}
+		if current > len(ms) {
+			return fmt.Errorf("postgres ledger: schema %s is at version %d, newer than this gateway knows (%d)", schema, current, len(ms))
+		}
+		for _, m := range ms[current:] {
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return fmt.Errorf("postgres ledger: migration %s: %w", m.name, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
+				return fmt.Errorf("postgres ledger: migration %s: %w", m.name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// errUnexpected reports an outcome a function should never return.
+func errUnexpected(fn, outcome string) error {
+	return errors.New("postgres ledger: " + fn + " returned unexpected outcome " + strconv.Quote(outcome))
+}

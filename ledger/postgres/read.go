@@ -1,0 +1,173 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/fsm"
+)
+
+// jobColumns are read by Job and Jobs; the body only by Job. The state is
+// read as stored: leases are applied in Go against the server's clock.
+const jobColumns = `id, owner_hash, key_hash, fingerprint, fingerprint_version, state, version,
+	completed_by, extract(epoch FROM retention)::float8, created_at, completed_at, expires_at,
+	response_status, response_header, %s, response_size, response_stored, clock_timestamp()`
+
+// effectiveState is the job's state with leases applied, for filtering.
+const effectiveState = `CASE WHEN state = 'pending' AND completed_by IS NULL
+	AND (lease_until IS NULL OR lease_until <= clock_timestamp()) THEN 'unknown' ELSE state END`
+
+const attemptColumns = `id, job_id, number, provider, state, job_version, started_at, deadline, finished_at, coalesce(error, '')`
+
+func scanJob(row pgx.Row) (*ledger.Job, time.Time, error) {
+	var (
+		j                      ledger.Job
+		state                  string
+		completedBy            pgtype.Text
+		retention              float64
+		completedAt, expiresAt pgtype.Timestamptz
+		cols                   responseCols
+		now                    time.Time
+	)
+	dest := []any{&j.ID, &j.OwnerHash, &j.KeyHash, &j.Fingerprint, &j.FingerprintVersion, &state, &j.Version,
+		&completedBy, &retention, &j.CreatedAt, &completedAt, &expiresAt}
+	dest = append(dest, cols.dest()...)
+	dest = append(dest, &now)
+	if err := row.Scan(dest...); err != nil {
+		return nil, now, err
+	}
+	j.State = ledger.JobState(state)
+	j.CompletedBy = stringOf(completedBy)
+	j.Retention = time.Duration(retention * float64(time.Second))
+	j.CompletedAt, j.ExpiresAt = timeOf(completedAt), timeOf(expiresAt)
+	resp, err := cols.response()
+	if err != nil {
+		return nil, now, err
+	}
+	j.Response = resp
+	return &j, now, nil
+}
+
+func scanAttempt(rows pgx.CollectableRow) (ledger.Attempt, error) {
+	var (
+		a        ledger.Attempt
+		state    string
+		finished pgtype.Timestamptz
+	)
+	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error)
+	a.State = ledger.AttemptState(state)
+	a.FinishedAt = timeOf(finished)
+	return a, err
+}
+
+// load reads one unexpired job and its attempts in one round trip, with
+// leases applied by the server's clock.
+func (l *Ledger) load(ctx context.Context, jobID string) (*ledger.Job, time.Time, error) {
+	if !validID(jobID) {
+		return nil, time.Time{}, ledger.ErrNotFound
+	}
+	var b pgx.Batch
+	b.Queue(fmt.Sprintf(`SELECT `+jobColumns+` FROM jobs WHERE id = $1 AND (expires_at IS NULL OR expires_at > clock_timestamp())`, "response_body"), jobID)
+	b.Queue(`SELECT `+attemptColumns+` FROM attempts WHERE job_id = $1 ORDER BY number`, jobID)
+	res := l.pool.SendBatch(ctx, &b)
+	defer res.Close()
+	j, now, err := scanJob(res.QueryRow())
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, now, ledger.ErrNotFound
+	}
+	if err != nil {
+		return nil, now, fmt.Errorf("postgres ledger: job: %w", err)
+	}
+	rows, err := res.Query()
+	if err != nil {
+		return nil, now, fmt.Errorf("postgres ledger: attempts: %w", err)
+	}
+	j.Attempts, err = pgx.CollectRows(rows, scanAttempt)
+	if err != nil {
+		return nil, now, fmt.Errorf("postgres ledger: attempts: %w", err)
+	}
+	fsm.ApplyLeases(j, now)
+	return j, now, nil
+}
+
+// Job implements ledger.Ledger.
+func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
+	j, _, err := l.load(ctx, jobID)
+	return j, err
+}
+
+// Jobs implements ledger.Ledger. Listed jobs carry their attempts and
+// their response's status and size, not its body.
+func (l *Ledger) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
+	limit := ledger.EffectiveLimit(q.Limit)
+	var before any
+	if q.Before != "" {
+		if !validID(q.Before) {
+			return ledger.JobPage{}, fmt.Errorf("postgres ledger: invalid cursor %q", q.Before)
+		}
+		before = q.Before
+	}
+	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT `+jobColumns+` FROM jobs
+		WHERE (expires_at IS NULL OR expires_at > clock_timestamp())
+		AND ($1 = '' OR `+effectiveState+` = $1)
+		AND ($2 = '' OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.id AND a.provider = $2))
+		AND ($3::uuid IS NULL OR id < $3::uuid)
+		ORDER BY id DESC LIMIT $4`, "NULL::bytea"),
+		string(q.State), q.Provider, before, limit+1)
+	if err != nil {
+		return ledger.JobPage{}, fmt.Errorf("postgres ledger: jobs: %w", err)
+	}
+	var (
+		jobs []*ledger.Job
+		now  time.Time
+	)
+	for rows.Next() {
+		j, n, err := scanJob(rows)
+		if err != nil {
+			rows.Close()
+			return ledger.JobPage{}, fmt.Errorf("postgres ledger: jobs: %w", err)
+		}
+		jobs, now = append(jobs, j), n
+	}
+	if err := rows.Err(); err != nil {
+		return ledger.JobPage{}, fmt.Errorf("postgres ledger: jobs: %w", err)
+	}
+	var page ledger.JobPage
+	if len(jobs) > limit {
+		jobs = jobs[:limit]
+		page.Next = jobs[limit-1].ID
+	}
+	page.Jobs = jobs
+	if len(jobs) == 0 {
+		return page, nil
+	}
+	ids := make([]string, len(jobs))
+	byID := make(map[string]*ledger.Job, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ID
+		byID[j.ID] = j
+	}
+	arows, err := l.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_id = ANY($1::uuid[]) ORDER BY job_id, number`, ids)
+	if err != nil {
+		return ledger.JobPage{}, fmt.Errorf("postgres ledger: attempts: %w", err)
+	}
+	attempts, err := pgx.CollectRows(arows, scanAttempt)
+	if err != nil {
+		return ledger.JobPage{}, fmt.Errorf("postgres ledger: attempts: %w", err)
+	}
+	for _, a := range attempts {
+		if j := byID[a.JobID]; j != nil {
+			j.Attempts = append(j.Attempts, a)
+		}
+	}
+	for _, j := range jobs {
+		fsm.ApplyLeases(j, now)
+	}
+	return page, nil
+}
