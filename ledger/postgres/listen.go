@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -77,9 +78,11 @@ func (ln *listener) subscribe(ctx context.Context, jobID string) (chan struct{},
 		return nil, nil, ctx.Err()
 	case <-ln.ctx.Done():
 		cancel()
-		return nil, nil, ledger.ErrNotFound
+		return nil, nil, errClosed
 	}
 }
+
+var errClosed = errors.New("postgres ledger: closed")
 
 func wake(ch chan struct{}) {
 	select {

@@ -64,11 +64,199 @@ func open(t *testing.T, schema string) *Ledger {
 	return l
 }
 
-func TestConformance(t *testing.T) {
+func TestPostgresConformance(t *testing.T) {
 	ledgertest.Run(t, ledgertest.Harness{
 		New: func(t *testing.T) ledger.Ledger { return open(t, newSchema(t)) },
 		Peer: func(t *testing.T, l ledger.Ledger) ledger.Ledger {
 			return open(t, l.(*Ledger).Schema())
 		},
 	})
+}
+
+// countingTracer counts the queries sent to the server: one per round trip
+// for these single-statement calls.
+type countingTracer struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *countingTracer) take() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n
+	c.n = 0
+	return n
+}
+
+func TestRoundTrips(t *testing.T) {
+	tr := &countingTracer{}
+	l, err := Open(context.Background(), dsn(t), Options{Schema: newSchema(t), Tracer: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	p := ledger.ReserveParams{
+		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
+	}
+	tr.take()
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.take(); n != 1 {
+		t.Errorf("fresh reserve took %d queries, want 1", n)
+	}
+	if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("x"), Size: 1, Stored: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.take(); n != 1 {
+		t.Errorf("complete took %d queries, want 1", n)
+	}
+	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Done {
+		t.Fatalf("replay reserve: %v %v", r.Outcome, err)
+	}
+	if n := tr.take(); n != 1 {
+		t.Errorf("replay reserve took %d queries, want 1", n)
+	}
+}
+
+// TestMigrationsConcurrent opens several ledgers on a new schema at once:
+// the advisory lock makes each migration run once.
+func TestMigrationsConcurrent(t *testing.T) {
+	schema := newSchema(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := Open(context.Background(), dsn(t), Options{Schema: schema})
+			if err != nil {
+				errs <- err
+				return
+			}
+			l.Close()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("concurrent Open: %v", err)
+	}
+	l := open(t, schema)
+	var n int
+	if err := l.Pool().QueryRow(context.Background(), "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := loadMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(ms) {
+		t.Errorf("schema_migrations has %d rows, want %d", n, len(ms))
+	}
+}
+
+// TestUniqueConstraint checks that (owner, key) is unique in the table
+// itself, not only in the code that inserts.
+func TestUniqueConstraint(t *testing.T) {
+	l := open(t, newSchema(t))
+	ctx := context.Background()
+	insert := `INSERT INTO jobs (id, owner_hash, key_hash, fingerprint, fingerprint_version, state, version, attempt_count, retention, created_at)
+		VALUES ($1, 'o', 'k', 'f', 1, 'pending', 1, 0, '1h', now())`
+	if _, err := l.Pool().Exec(ctx, insert, ledger.NewID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Pool().Exec(ctx, insert, ledger.NewID()); err == nil {
+		t.Fatal("a second job with the same (owner_hash, key_hash) was accepted")
+	}
+}
+
+// TestListenerReconnects kills the listening connection while a waiter
+// waits: the listener reconnects, re-subscribes, and the waiter still sees
+// the completion made meanwhile by another instance.
+func TestListenerReconnects(t *testing.T) {
+	schema := newSchema(t)
+	l := open(t, schema)
+	peer := open(t, schema)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p := ledger.ReserveParams{
+		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
+	}
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *ledger.Job, 1)
+	go func() {
+		j, err := l.Wait(ctx, r.Job.ID)
+		if err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+		got <- j
+	}()
+	// Wait until the listener is up, then kill it.
+	var killed int
+	for killed == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("listener never connected")
+		}
+		err := peer.Pool().QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE application_name = 'onejob-listener' AND query LIKE '%`+schema+`%'`).Scan(&killed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if killed == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if _, err := peer.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("done"), Size: 4, Stored: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case j := <-got:
+		if j == nil || j.State != ledger.JobCompleted {
+			t.Fatalf("waiter got %+v", j)
+		}
+	case <-ctx.Done():
+		t.Fatal("waiter was not woken after the listener reconnected")
+	}
+	// A new waiter on the reconnected listener is woken too.
+	q := p
+	q.KeyHash = []byte("key2")
+	r2, err := l.Reserve(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		j, err := l.Wait(ctx, r2.Job.ID)
+		if err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+		got <- j
+	}()
+	if err := peer.MarkUnknown(ctx, r2.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case j := <-got:
+		if j == nil || j.State != ledger.JobUnknown {
+			t.Fatalf("second waiter got %+v", j)
+		}
+	case <-ctx.Done():
+		t.Fatal("second waiter was not woken")
+	}
 }
