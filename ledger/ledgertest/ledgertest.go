@@ -43,6 +43,7 @@ func Run(t *testing.T, h Harness) {
 		{"HedgeReverseOrder", testHedgeReverseOrder},
 		{"UnknownKeepsVersionLateResultWins", testLateResultWins},
 		{"ResultAfterCancelLoses", testResultAfterCancel},
+		{"StaleVersionLoses", testStaleVersion},
 		{"ConcurrentReopenStartsOne", testConcurrentReopen},
 		{"FailoverStartsNextAttempt", testFailover},
 		{"ExpiredLeaseReadsUnknown", testExpiredLease},
@@ -458,6 +459,29 @@ func testResultAfterCancel(t *testing.T, h Harness) {
 	complete(t, l, re.Attempt, "fresh", true)
 	if got := reserve(t, l, p, ledger.Done).Job.Response.Body; string(got) != "fresh" {
 		t.Errorf("replay = %q", got)
+	}
+}
+
+// testStaleVersion: the CAS matches the version the attempt read; a result
+// presented with any other version loses, even from a running attempt.
+func testStaleVersion(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	for _, v := range []int64{r.Attempt.JobVersion - 1, r.Attempt.JobVersion + 1} {
+		ref := r.Attempt.Ref()
+		ref.Version = v
+		c, err := l.Complete(ctx(t), ref, response("stale"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Won {
+			t.Fatalf("a result with version %d won a job at version %d", v, r.Job.Version)
+		}
+	}
+	j := job(t, l, r.Job.ID)
+	if j.CompletedBy != "" || j.Response != nil {
+		t.Errorf("stale result stored: %+v", j.Response)
 	}
 }
 
