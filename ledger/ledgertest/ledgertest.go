@@ -48,6 +48,7 @@ func Run(t *testing.T, h Harness) {
 		{"FailoverStartsNextAttempt", testFailover},
 		{"ExpiredLeaseReadsUnknown", testExpiredLease},
 		{"ResultAfterDeadlineLoses", testResultAfterDeadline},
+		{"LateDefinitiveFailure", testLateFailure},
 		{"ExpiredJobGivesNewID", testExpiredJob},
 		{"WaiterWokenByPeer", testWaiterWokenByPeer},
 		{"WaiterWokenByLeaseExpiry", testWaiterLease},
@@ -613,6 +614,27 @@ func testResultAfterDeadline(t *testing.T, h Harness) {
 		t.Errorf("loser sees response %+v", c.Job.Response)
 	}
 	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptLost)
+}
+
+// testLateFailure: an attempt marked unknown that then reports a definitive
+// failure (a late 503) before its deadline fails the job, which a retry
+// re-opens; it never fails over.
+func testLateFailure(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", &ledger.NextAttempt{Provider: "b", Lease: long}); err == nil {
+		t.Fatal("an unknown attempt failed over")
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptFailed)
+	reserve(t, l, p, ledger.Reopened)
 }
 
 func testExpiredJob(t *testing.T, h Harness) {

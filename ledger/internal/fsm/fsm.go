@@ -192,18 +192,21 @@ func SaveBody(j *ledger.Job, ref ledger.AttemptRef, body []byte, size int64, sto
 }
 
 // Fail records a definitive failure of attempt ref, then either starts next
-// or, when nothing else is running, fails the job.
+// or, when nothing else is running, fails the job. An attempt already
+// marked unknown may still report a definitive failure until its deadline
+// (a late 503 proves the provider did not act), but never fail over.
 func Fail(j *ledger.Job, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt, now time.Time) (*ledger.Attempt, error) {
 	ApplyLeases(j, now)
 	a := find(j, ref.AttemptID)
 	if a == nil {
 		return nil, ledger.ErrNotFound
 	}
-	if a.State != ledger.AttemptStarting {
+	late := a.State == ledger.AttemptUnknown && now.Before(a.Deadline) && next == nil
+	if a.State != ledger.AttemptStarting && !late {
 		return nil, ledger.ErrStale
 	}
 	finish(a, ledger.AttemptFailed, reason, now)
-	blocked := j.CompletedBy != "" || j.State != ledger.JobPending || hasActive(j, a.ID)
+	blocked := j.CompletedBy != "" || j.State == ledger.JobCompleted || j.State == ledger.JobFailed || hasActive(j, a.ID)
 	if next != nil && blocked {
 		return nil, ledger.ErrBlocked
 	}
@@ -211,6 +214,7 @@ func Fail(j *ledger.Job, ref ledger.AttemptRef, reason string, next *ledger.Next
 		return nil, nil
 	}
 	if next != nil {
+		j.State = ledger.JobPending
 		n := *addAttempt(j, *next, now)
 		return &n, nil
 	}

@@ -280,21 +280,24 @@ BEGIN
 	END IF;
 	ts := clock_timestamp();
 	PERFORM refresh_lease(p_job, ts);
+	-- An unknown attempt may still report a definitive failure until its
+	-- deadline, but never fail over.
 	UPDATE attempts t SET state = 'failed', error = p_reason, finished_at = ts
-	WHERE t.id = p_attempt AND t.job_id = p_job AND t.state = 'starting';
+	WHERE t.id = p_attempt AND t.job_id = p_job
+		AND (t.state = 'starting' OR (t.state = 'unknown' AND t.deadline > ts AND p_next IS NULL));
 	IF NOT FOUND THEN
 		outcome := CASE WHEN EXISTS (SELECT 1 FROM attempts x WHERE x.id = p_attempt AND x.job_id = p_job)
 			THEN 'stale' ELSE 'not_found' END;
 		RETURN;
 	END IF;
 	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
-	blocked := j.completed_by IS NOT NULL OR j.state <> 'pending'
+	blocked := j.completed_by IS NOT NULL OR j.state IN ('completed', 'failed')
 		OR EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state IN ('starting', 'unknown'));
 	IF blocked THEN
 		PERFORM refresh_lease(p_job, ts);
 		outcome := CASE WHEN p_next IS NULL THEN 'ok' ELSE 'blocked' END;
 	ELSIF p_next IS NOT NULL THEN
-		UPDATE jobs t SET attempt_count = t.attempt_count + 1,
+		UPDATE jobs t SET state = 'pending', attempt_count = t.attempt_count + 1,
 			lease_until = ts + p_next_lease_us * interval '1 microsecond'
 		WHERE t.id = p_job
 		RETURNING t.* INTO j;

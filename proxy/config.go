@@ -1,0 +1,243 @@
+// Package proxy is the idempotent request flow as plain net/http middleware:
+// key and owner, request fingerprint, reservation in a ledger, attempts
+// against providers, response capture, compare-and-swap completion, and
+// replay. It knows nothing of Caddy: the next handler returns an error, as
+// Caddy handlers do, and Caddy's specifics come in through Config hooks.
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// Headers the gateway reads or sets.
+const (
+	DefaultKeyHeader  = "Idempotency-Key"
+	HeaderJobID       = "Idempotency-Job-Id"
+	HeaderAttempt     = "Idempotency-Attempt"
+	HeaderReplayed    = "Idempotent-Replayed"
+	DefaultProvider   = "next"
+	defaultRetention  = 24 * time.Hour
+	defaultTimeout    = 30 * time.Second
+	defaultDeadline   = 5 * time.Minute
+	defaultMaxRequest = 1 << 20
+	defaultMaxAnswer  = 8 << 20
+)
+
+// Handler is a next handler that returns an error, as Caddy's do.
+type Handler interface {
+	ServeHTTP(http.ResponseWriter, *http.Request) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(http.ResponseWriter, *http.Request) error
+
+// ServeHTTP calls f.
+func (f HandlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) error { return f(w, r) }
+
+// Provider is one upstream a job's attempts can be sent to.
+type Provider struct {
+	Name    string
+	Handler Handler // nil: the middleware's next handler (drop-in mode)
+}
+
+// FailoverOn names the answers that show a provider did not act on a
+// request: a definitive failure.
+type FailoverOn struct {
+	ConnectError bool
+	Statuses     map[int]bool
+}
+
+// DefaultFailoverOn is connect_error 429 503.
+func DefaultFailoverOn() FailoverOn {
+	return FailoverOn{ConnectError: true, Statuses: map[int]bool{429: true, 503: true}}
+}
+
+// ParseFailoverOn parses the words of failover_on: status codes and
+// connect_error (contract is accepted for later use by contracts).
+func ParseFailoverOn(words []string) (FailoverOn, error) {
+	f := FailoverOn{Statuses: map[int]bool{}}
+	for _, w := range words {
+		switch w {
+		case "connect_error":
+			f.ConnectError = true
+		default:
+			code, err := strconv.Atoi(w)
+			if err != nil || code < 100 || code > 599 {
+				return f, fmt.Errorf("failover_on: %q is not connect_error or a status code", w)
+			}
+			f.Statuses[code] = true
+		}
+	}
+	return f, nil
+}
+
+// Observer receives counts for metrics. Every method must be cheap and safe
+// for concurrent use.
+type Observer interface {
+	// Request counts a ledgered request by outcome: new, replayed, waited,
+	// conflict, mismatch, unknown, rejected.
+	Request(outcome string)
+	// Attempt counts a finished attempt by provider and result: succeeded,
+	// lost, failed, unknown.
+	Attempt(provider, result string)
+	// RaceLost counts a result discarded because another had won.
+	RaceLost()
+	// InFlight adds delta to the number of attempts running.
+	InFlight(delta int)
+	// LedgerOp records how long a ledger operation took.
+	LedgerOp(op string, d time.Duration)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Request(string)                 {}
+func (nopObserver) Attempt(string, string)         {}
+func (nopObserver) RaceLost()                      {}
+func (nopObserver) InFlight(int)                   {}
+func (nopObserver) LedgerOp(string, time.Duration) {}
+
+// Config configures a Middleware. Zero values take the SPEC's defaults.
+type Config struct {
+	Ledger ledger.Ledger
+
+	// KeyHeader is the request header holding the idempotency key.
+	KeyHeader string
+	// Methods are the methods that are ledgered; default POST and PATCH.
+	Methods []string
+	// RequireKey makes a ledgered method without a key a 400.
+	RequireKey bool
+	// Owner returns the owner of a request; "" means no owner (401).
+	// Default: the Authorization header.
+	Owner func(*http.Request) string
+	// OwnerSecret keys the HMAC of stored owner and key hashes.
+	OwnerSecret []byte
+
+	// Fingerprint says how bodies are hashed; FingerprintHeaders are
+	// request headers that enter the fingerprint too.
+	Fingerprint        BodyMode
+	FingerprintHeaders []string
+	// OriginalURI returns the request URI as the client sent it, before
+	// any rewrite; default r.RequestURI.
+	OriginalURI func(*http.Request) string
+
+	MaxRequestBody  int64
+	MaxResponseBody int64
+	Retention       time.Duration
+	// AttemptTimeout bounds the wait for an answer's headers; beyond it the
+	// client gets a 504 and the job is unknown.
+	AttemptTimeout time.Duration
+	// AttemptDeadline bounds an attempt until its answer's last byte; it
+	// is the attempt's lease in the ledger.
+	AttemptDeadline time.Duration
+	// InFlightReject answers duplicates of a running job with 409 at once;
+	// otherwise they wait up to InFlightWait (default AttemptTimeout).
+	InFlightReject bool
+	InFlightWait   time.Duration
+
+	FailoverOn FailoverOn
+	// Providers are tried in order; empty means the next handler.
+	Providers []Provider
+
+	// IsConnectError reports whether a handler error means the request was
+	// never sent (dial or TLS handshake failure, no upstream available).
+	IsConnectError func(error) bool
+	// PrepareAttempt returns the request an attempt sends, derived from the
+	// detached upstream request (for example with its own copy of
+	// per-request state). Default: unchanged.
+	PrepareAttempt func(*http.Request) *http.Request
+	// Hold is called when an attempt starts and its result is called when
+	// the attempt ends, so that the ledger outlives a config reload.
+	Hold func() (release func())
+	// SetVar publishes a per-request value (job_id, attempt, replayed).
+	SetVar func(r *http.Request, name, value string)
+
+	Observer Observer
+	Logger   *zap.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Ledger == nil {
+		return errors.New("proxy: no ledger")
+	}
+	if c.KeyHeader == "" {
+		c.KeyHeader = DefaultKeyHeader
+	}
+	c.KeyHeader = http.CanonicalHeaderKey(c.KeyHeader)
+	if len(c.Methods) == 0 {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	for i, m := range c.Methods {
+		c.Methods[i] = strings.ToUpper(m)
+	}
+	if c.Owner == nil {
+		c.Owner = func(r *http.Request) string { return r.Header.Get("Authorization") }
+	}
+	if c.OriginalURI == nil {
+		c.OriginalURI = func(r *http.Request) string { return r.RequestURI }
+	}
+	for i, h := range c.FingerprintHeaders {
+		c.FingerprintHeaders[i] = http.CanonicalHeaderKey(h)
+	}
+	if c.MaxRequestBody <= 0 {
+		c.MaxRequestBody = defaultMaxRequest
+	}
+	if c.MaxResponseBody <= 0 {
+		c.MaxResponseBody = defaultMaxAnswer
+	}
+	if c.Retention <= 0 {
+		c.Retention = defaultRetention
+	}
+	if c.AttemptTimeout <= 0 {
+		c.AttemptTimeout = defaultTimeout
+	}
+	if c.AttemptDeadline <= 0 {
+		c.AttemptDeadline = defaultDeadline
+	}
+	if c.AttemptDeadline < c.AttemptTimeout {
+		return fmt.Errorf("proxy: attempt_deadline (%v) is shorter than attempt_timeout (%v)", c.AttemptDeadline, c.AttemptTimeout)
+	}
+	if c.InFlightWait <= 0 {
+		c.InFlightWait = c.AttemptTimeout
+	}
+	if c.FailoverOn.Statuses == nil && !c.FailoverOn.ConnectError {
+		c.FailoverOn = DefaultFailoverOn()
+	}
+	if len(c.Providers) == 0 {
+		c.Providers = []Provider{{Name: DefaultProvider}}
+	}
+	if c.IsConnectError == nil {
+		c.IsConnectError = isDialError
+	}
+	if c.PrepareAttempt == nil {
+		c.PrepareAttempt = func(r *http.Request) *http.Request { return r }
+	}
+	if c.Hold == nil {
+		c.Hold = func() func() { return func() {} }
+	}
+	if c.SetVar == nil {
+		c.SetVar = func(*http.Request, string, string) {}
+	}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// isDialError is the default connect-error test: a dial that failed.
+func isDialError(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}

@@ -1,0 +1,214 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// FingerprintVersion is the version of the fingerprint encoding below; the
+// ledger stores it beside each fingerprint.
+const FingerprintVersion = 1
+
+// BodyMode says how a request body enters the fingerprint.
+type BodyMode int
+
+const (
+	// BodyJSON hashes canonical JSON: object keys sorted, insignificant
+	// white space dropped, strings compared after unescaping, numbers as
+	// written. A body that is not valid JSON, or has duplicate keys, is
+	// hashed raw.
+	BodyJSON BodyMode = iota
+	// BodyRaw hashes the body's bytes.
+	BodyRaw
+)
+
+// ParseBodyMode parses "json" or "raw".
+func ParseBodyMode(s string) (BodyMode, error) {
+	switch s {
+	case "", "json":
+		return BodyJSON, nil
+	case "raw":
+		return BodyRaw, nil
+	}
+	return 0, errors.New("fingerprint must be raw or json, not " + strconv.Quote(s))
+}
+
+func (m BodyMode) String() string {
+	if m == BodyRaw {
+		return "raw"
+	}
+	return "json"
+}
+
+// fingerprinter computes the SHA-256 of a versioned, length-prefixed
+// encoding of a request: method, original URI, the named headers (in the
+// order configured, each with all its values), and the body.
+type fingerprinter struct {
+	mode    BodyMode
+	headers []string // canonical header names
+}
+
+func appendField(b []byte, s []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// Sum returns the fingerprint of a request whose body is body.
+func (f fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byte {
+	enc := make([]byte, 0, 64+len(uri))
+	enc = append(enc, "onejob-fingerprint"...)
+	enc = binary.AppendUvarint(enc, FingerprintVersion)
+	enc = appendField(enc, []byte(method))
+	enc = appendField(enc, []byte(uri))
+	enc = binary.AppendUvarint(enc, uint64(len(f.headers)))
+	for _, name := range f.headers {
+		vs := h[name]
+		enc = appendField(enc, []byte(name))
+		enc = binary.AppendUvarint(enc, uint64(len(vs)))
+		for _, v := range vs {
+			enc = appendField(enc, []byte(v))
+		}
+	}
+	m := sha256.New()
+	m.Write(enc)
+	var prefix []byte
+	if f.mode == BodyJSON {
+		if canon, ok := CanonicalJSON(body); ok {
+			prefix = binary.AppendUvarint(append(prefix, 'j'), uint64(len(canon)))
+			m.Write(prefix)
+			m.Write(canon)
+			return m.Sum(nil)
+		}
+	}
+	prefix = binary.AppendUvarint(append(prefix, 'r'), uint64(len(body)))
+	m.Write(prefix)
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// CanonicalJSON returns the canonical form of a JSON document, or false when
+// body is not one valid UTF-8 JSON value without duplicate object keys.
+func CanonicalJSON(body []byte) ([]byte, bool) {
+	if !utf8.Valid(body) {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	out := make([]byte, 0, len(body))
+	out, err := canonValue(dec, out)
+	if err != nil {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false // trailing data
+	}
+	return out, true
+}
+
+var errDuplicateKey = errors.New("duplicate object key")
+
+func canonValue(dec *json.Decoder, out []byte) ([]byte, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			return canonObject(dec, out)
+		case '[':
+			out = append(out, '[')
+			for i := 0; dec.More(); i++ {
+				if i > 0 {
+					out = append(out, ',')
+				}
+				if out, err = canonValue(dec, out); err != nil {
+					return nil, err
+				}
+			}
+			if _, err := dec.Token(); err != nil {
+				return nil, err
+			}
+			return append(out, ']'), nil
+		}
+		return nil, errors.New("unexpected delimiter")
+	case string:
+		return appendJSONString(out, t), nil
+	case json.Number:
+		return append(out, t...), nil
+	case bool:
+		return strconv.AppendBool(out, t), nil
+	case nil:
+		return append(out, "null"...), nil
+	}
+	return nil, errors.New("unexpected token")
+}
+
+func canonObject(dec *json.Decoder, out []byte) ([]byte, error) {
+	type member struct {
+		key string
+		val []byte
+	}
+	var members []member
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, errors.New("object key is not a string")
+		}
+		val, err := canonValue(dec, nil)
+		if err != nil {
+			return nil, err
+		}
+		members = append(members, member{key, val})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
+	out = append(out, '{')
+	for i, m := range members {
+		if i > 0 {
+			if members[i-1].key == m.key {
+				return nil, errDuplicateKey
+			}
+			out = append(out, ',')
+		}
+		out = appendJSONString(out, m.key)
+		out = append(out, ':')
+		out = append(out, m.val...)
+	}
+	return append(out, '}'), nil
+}
+
+// appendJSONString writes s as a JSON string with the minimal escapes:
+// quote, backslash and control characters.
+func appendJSONString(out []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	out = append(out, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			out = append(out, '\\', c)
+		case c < 0x20:
+			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			out = append(out, c)
+		}
+	}
+	return append(out, '"')
+}

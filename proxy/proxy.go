@@ -1,0 +1,425 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// ledgerTimeout bounds each ledger call made on behalf of an attempt, which
+// is detached from the client's request.
+const ledgerTimeout = 15 * time.Second
+
+// Middleware is the idempotent request flow.
+type Middleware struct {
+	cfg    Config
+	fp     fingerprinter
+	hasher Hasher
+}
+
+// New returns a Middleware for cfg, with defaults filled in.
+func New(cfg Config) (*Middleware, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Middleware{
+		cfg:    cfg,
+		fp:     fingerprinter{mode: cfg.Fingerprint, headers: cfg.FingerprintHeaders},
+		hasher: NewHasher(cfg.OwnerSecret),
+	}, nil
+}
+
+// Config returns the middleware's configuration, defaults filled in.
+func (m *Middleware) Config() Config { return m.cfg }
+
+// Wrap returns next behind the middleware, as a plain http.Handler; errors
+// from next become 502 answers.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	h := HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		next.ServeHTTP(w, r)
+		return nil
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := m.ServeHTTP(w, r, h); err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+		}
+	})
+}
+
+// ServeHTTP runs the flow for one request; requests that are not ledgered
+// go to next untouched.
+func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Handler) error {
+	if !slices.Contains(m.cfg.Methods, r.Method) {
+		return next.ServeHTTP(w, r)
+	}
+	values := r.Header.Values(m.cfg.KeyHeader)
+	if len(values) == 0 {
+		if m.cfg.RequireKey {
+			m.reject(w, problem(http.StatusBadRequest, ProblemKeyMissing, "Idempotency key missing").
+				withDetail("This endpoint requires the "+m.cfg.KeyHeader+" header."))
+			return nil
+		}
+		return next.ServeHTTP(w, r)
+	}
+	if len(values) > 1 {
+		m.reject(w, problem(http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key").
+			withDetail("The request has more than one "+m.cfg.KeyHeader+" header."))
+		return nil
+	}
+	key, err := ParseKey(values[0])
+	if err != nil {
+		m.reject(w, problem(http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key").withDetail(err.Error()+"."))
+		return nil
+	}
+	owner := m.cfg.Owner(r)
+	if owner == "" {
+		m.reject(w, problem(http.StatusUnauthorized, ProblemOwnerMissing, "No owner for the idempotency key").
+			withDetail("Idempotency keys belong to an authenticated owner; this request has none."))
+		return nil
+	}
+	body, err := readBody(r, m.cfg.MaxRequestBody)
+	if errors.Is(err, errBodyTooLarge) {
+		m.reject(w, problem(http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large").
+			withDetail("The body is over max_request_body ("+strconv.FormatInt(m.cfg.MaxRequestBody, 10)+" bytes)."))
+		return nil
+	}
+	if err != nil {
+		return err // the client went away mid-body; there is no job
+	}
+	fp := m.fp.Sum(r.Method, m.cfg.OriginalURI(r), r.Header, body)
+
+	params := ledger.ReserveParams{
+		OwnerHash:          m.hasher.Owner(owner),
+		KeyHash:            m.hasher.Key(key),
+		Fingerprint:        fp,
+		FingerprintVersion: FingerprintVersion,
+		Retention:          m.cfg.Retention,
+		Attempt:            ledger.NextAttempt{Provider: m.cfg.Providers[0].Name, Lease: m.cfg.AttemptDeadline},
+	}
+	start := time.Now()
+	res, err := m.cfg.Ledger.Reserve(r.Context(), params)
+	m.cfg.Observer.LedgerOp("reserve", time.Since(start))
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil
+		}
+		m.cfg.Logger.Error("ledger unavailable: request not forwarded", zap.Error(err))
+		m.reject(w, problem(http.StatusServiceUnavailable, ProblemLedgerUnavailble, "Ledger unavailable").
+			withDetail("The request was not forwarded: it could not be recorded.").retry(time.Second))
+		return nil
+	}
+	jobID := res.Job.ID
+	m.cfg.SetVar(r, "job_id", jobID)
+	switch res.Outcome {
+	case ledger.Created, ledger.Reopened:
+		m.cfg.Observer.Request("new")
+		m.cfg.SetVar(r, "attempt", strconv.Itoa(res.Attempt.Number))
+		return m.execute(w, r, next, res, body)
+	case ledger.Mismatch:
+		m.cfg.Observer.Request("mismatch")
+		problem(http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency key reused").
+			withDetail("This key was used for a different request.").withJob(jobID).Write(w)
+	case ledger.Done:
+		m.cfg.Observer.Request("replayed")
+		m.replay(w, r, res.Job)
+	case ledger.InFlight:
+		if m.cfg.InFlightReject {
+			m.cfg.Observer.Request("rejected")
+			m.inFlight(w, jobID, res.Attempt, res.Now)
+			return nil
+		}
+		m.wait(w, r, jobID)
+	case ledger.Unknown:
+		m.cfg.Observer.Request("unknown")
+		m.unknown(w, jobID, res.Attempt, res.Now)
+	}
+	return nil
+}
+
+func (m *Middleware) reject(w http.ResponseWriter, p *Problem) {
+	m.cfg.Observer.Request("rejected")
+	p.Write(w)
+}
+
+var errBodyTooLarge = errors.New("request body too large")
+
+// readBody buffers the request body, at most max bytes.
+func readBody(r *http.Request, max int64) ([]byte, error) {
+	if r.ContentLength > max {
+		return nil, errBodyTooLarge
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	n := r.ContentLength
+	if n < 0 || n > max {
+		n = 512
+	}
+	buf := make([]byte, 0, n+1)
+	for {
+		if int64(len(buf)) > max {
+			return nil, errBodyTooLarge
+		}
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(int64(cap(buf)), max+1-int64(len(buf)))))
+		}
+		k, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+k]
+		if err == io.EOF {
+			if int64(len(buf)) > max {
+				return nil, errBodyTooLarge
+			}
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// execute runs the job's attempts in a detached goroutine and answers the
+// client with the outcome, a 504 when the first answer's headers do not
+// come within attempt_timeout.
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handler, res ledger.Reservation, body []byte) error {
+	base := r.WithContext(context.WithoutCancel(r.Context()))
+	rn := &runner{
+		m:      m,
+		base:   base,
+		next:   next,
+		body:   body,
+		client: &client{w: w},
+		wake:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
+	}
+	provider := max(slices.IndexFunc(m.cfg.Providers, func(p Provider) bool { return p.Name == res.Attempt.Provider }), 0)
+	go rn.run(*res.Attempt, provider, m.cfg.Hold())
+
+	timer := time.NewTimer(m.cfg.AttemptTimeout)
+	defer timer.Stop()
+	watched := ""
+	for {
+		att, headers := rn.current()
+		if att.ID != watched && att.ID != "" {
+			watched = att.ID
+			timer.Reset(m.cfg.AttemptTimeout)
+			m.cfg.SetVar(r, "attempt", strconv.Itoa(att.Number))
+		}
+		if headers {
+			timer.Stop()
+		}
+		select {
+		case <-rn.done:
+			m.answer(w, r, rn.out, res.Job.ID)
+			return nil
+		case <-rn.wake:
+		case <-timer.C:
+			if rn.timeout(att) {
+				rn.client.detach()
+				m.cfg.Logger.Warn("attempt outcome unknown: timed out", zap.String("job_id", att.JobID),
+					zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number))
+				problem(http.StatusGatewayTimeout, ProblemOutcomeUnknown, "Attempt timed out").
+					withDetail("The provider did not answer within attempt_timeout. The job's outcome is unknown; it will not be re-run.").
+					withJob(res.Job.ID).Write(w)
+				return nil
+			}
+		case <-r.Context().Done():
+			if rn.leave() {
+				return nil
+			}
+			<-rn.done // an answer is streaming: wait for its end
+			return nil
+		}
+	}
+}
+
+// answer sends the outcome of a run to the client that started it.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, jobID string) {
+	if out.sent {
+		return
+	}
+	switch out.verdict {
+	case verdictResult:
+		if out.won || out.storeErr != nil {
+			writeAnswer(w, out.answer, jobID, false)
+			return
+		}
+		// Lost: another answer won, or the job was settled meanwhile.
+		if out.job != nil && out.job.Response != nil && out.job.State == ledger.JobCompleted {
+			m.replay(w, r, out.job)
+			return
+		}
+		problem(http.StatusConflict, ProblemOutcomeUnknown, "Result discarded").
+			withDetail("The job was settled otherwise while this attempt ran; its result was discarded.").
+			withJob(jobID).Write(w)
+	case verdictFailed:
+		if out.answer != nil {
+			writeAnswer(w, out.answer, jobID, false)
+			return
+		}
+		problem(http.StatusBadGateway, ProblemAllFailed, "Every provider failed").
+			withDetail("No provider could be reached (" + out.reason + "). A retry may start a new attempt.").
+			withJob(jobID).Write(w)
+	default:
+		title := "Outcome unknown"
+		if out.status == http.StatusGatewayTimeout {
+			title = "Attempt timed out"
+		}
+		problem(out.status, ProblemOutcomeUnknown, title).
+			withDetail("The provider may have acted (" + out.reason + "). The job's outcome is unknown; it will not be re-run.").
+			withJob(jobID).Write(w)
+	}
+}
+
+// writeAnswer sends a recorded answer.
+func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
+	h := w.Header()
+	for k, v := range a.Header {
+		h[k] = v
+	}
+	h.Set(HeaderJobID, jobID)
+	if replayed {
+		h.Set(HeaderReplayed, "true")
+	}
+	w.WriteHeader(a.Status)
+	w.Write(a.Body)
+}
+
+// replay sends a completed job's stored answer, or 409 when it was not
+// stored.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job) {
+	if j.Response == nil || !j.Response.Stored {
+		problem(http.StatusConflict, ProblemNotStored, "Response not stored").
+			withDetail("The job completed, but its answer was too large or cut short, so it cannot be replayed.").
+			withJob(j.ID).Write(w)
+		return
+	}
+	m.cfg.SetVar(r, "replayed", "true")
+	writeAnswer(w, j.Response, j.ID, true)
+}
+
+// wait holds a duplicate until the job settles or in_flight's wait ends.
+func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string) {
+	ctx, cancel := context.WithTimeout(r.Context(), m.cfg.InFlightWait)
+	defer cancel()
+	j, err := m.cfg.Ledger.Wait(ctx, jobID)
+	if r.Context().Err() != nil {
+		return // the client left
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) && j != nil:
+		m.cfg.Observer.Request("conflict")
+		m.inFlight(w, jobID, latest(j), time.Now())
+	case errors.Is(err, ledger.ErrNotFound):
+		m.cfg.Observer.Request("conflict")
+		problem(http.StatusConflict, ProblemInFlight, "Request in flight").
+			withDetail("The job changed while waiting; retry.").withJob(jobID).retry(time.Second).Write(w)
+	case err != nil:
+		m.cfg.Logger.Error("ledger unavailable while waiting", zap.String("job_id", jobID), zap.Error(err))
+		m.cfg.Observer.Request("rejected")
+		problem(http.StatusServiceUnavailable, ProblemLedgerUnavailble, "Ledger unavailable").
+			withJob(jobID).retry(time.Second).Write(w)
+	case j.State == ledger.JobCompleted:
+		m.cfg.Observer.Request("waited")
+		m.replay(w, r, j)
+	case j.State == ledger.JobFailed:
+		m.cfg.Observer.Request("waited")
+		problem(http.StatusServiceUnavailable, ProblemAttemptFailed, "Attempt failed").
+			withDetail("The attempt this request waited for failed definitively; a retry may start a new attempt.").
+			withJob(jobID).retry(time.Second).Write(w)
+	default:
+		m.cfg.Observer.Request("unknown")
+		m.unknown(w, jobID, latest(j), time.Now())
+	}
+}
+
+// latest returns the job's attempt with the latest deadline.
+func latest(j *ledger.Job) *ledger.Attempt {
+	var a *ledger.Attempt
+	for i := range j.Attempts {
+		if a == nil || j.Attempts[i].Deadline.After(a.Deadline) {
+			a = &j.Attempts[i]
+		}
+	}
+	return a
+}
+
+// inFlight answers 409 for a job whose attempt is still running.
+func (m *Middleware) inFlight(w http.ResponseWriter, jobID string, a *ledger.Attempt, now time.Time) {
+	retry := time.Second
+	if a != nil {
+		retry = max(min(a.StartedAt.Add(m.cfg.AttemptTimeout).Sub(now), a.Deadline.Sub(now)), time.Second)
+	}
+	problem(http.StatusConflict, ProblemInFlight, "Request in flight").
+		withDetail("A request with this key is still being processed.").withJob(jobID).retry(retry).Write(w)
+}
+
+// unknown answers 409 for a job whose outcome is unknown: Retry-After until
+// the attempt's deadline, when a late result may still come; none after.
+func (m *Middleware) unknown(w http.ResponseWriter, jobID string, a *ledger.Attempt, now time.Time) {
+	p := problem(http.StatusConflict, ProblemOutcomeUnknown, "Outcome unknown").
+		withDetail("An attempt's outcome is unknown; no new attempt starts until it is resolved.").withJob(jobID)
+	if a != nil && a.Deadline.After(now) {
+		p.retry(a.Deadline.Sub(now))
+	}
+	p.Write(w)
+}
+
+// Ledger calls made for an attempt, detached from the client.
+
+func (m *Middleware) ledgerCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), ledgerTimeout)
+}
+
+func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.Completion, error) {
+	ctx, cancel := m.ledgerCtx()
+	defer cancel()
+	start := time.Now()
+	c, err := m.cfg.Ledger.Complete(ctx, att.Ref(), resp)
+	m.cfg.Observer.LedgerOp("complete", time.Since(start))
+	return c, err
+}
+
+func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	ctx, cancel := m.ledgerCtx()
+	defer cancel()
+	start := time.Now()
+	a, err := m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
+	m.cfg.Observer.LedgerOp("fail", time.Since(start))
+	if err != nil && !errors.Is(err, ledger.ErrBlocked) {
+		m.cfg.Logger.Error("failure not recorded", zap.String("job_id", att.JobID),
+			zap.String("attempt_id", att.ID), zap.Error(err))
+		return nil, err
+	}
+	return a, nil
+}
+
+func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
+	ctx, cancel := m.ledgerCtx()
+	defer cancel()
+	start := time.Now()
+	err := m.cfg.Ledger.MarkUnknown(ctx, att.Ref(), reason)
+	m.cfg.Observer.LedgerOp("mark_unknown", time.Since(start))
+	switch {
+	case err == nil:
+		m.cfg.Logger.Warn("attempt outcome unknown", zap.String("job_id", att.JobID),
+			zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number), zap.String("reason", reason))
+	case errors.Is(err, ledger.ErrStale):
+	default:
+		m.cfg.Logger.Error("unknown outcome not recorded", zap.String("job_id", att.JobID),
+			zap.String("attempt_id", att.ID), zap.Error(err))
+	}
+}
+
+func (m *Middleware) saveBody(att ledger.Attempt, size int64) error {
+	ctx, cancel := m.ledgerCtx()
+	defer cancel()
+	return m.cfg.Ledger.SaveBody(ctx, att.Ref(), nil, size, false)
+}
