@@ -1,0 +1,213 @@
+package caddymodule
+
+import (
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+
+	"github.com/onejob/onejob/proxy"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("idempotency", parseCaddyfile)
+	// After the authentication directives, so the owner is known, and
+	// before invoke/handle/route, so every handler of the site is behind it.
+	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.Before, "invoke")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	idempotency [<matcher>] {
+//		ledger memory | postgres <dsn> [<schema>]
+//		owner <value>
+//		owner_secret <secret>
+//		key_header <name>
+//		methods <method...>
+//		require_key
+//		fingerprint raw | json
+//		fingerprint_headers <name...>
+//		max_request_body <size>
+//		max_response_body <size>
+//		retention <duration>
+//		attempt_timeout <duration>
+//		attempt_deadline <duration>
+//		in_flight wait [<duration>] | reject
+//		failover_on <status|connect_error...>
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if seen[name] {
+			return d.Errf("duplicate subdirective %q", name)
+		}
+		seen[name] = true
+		args := d.RemainingArgs()
+		var err error
+		switch name {
+		case "ledger":
+			err = h.parseLedger(d, args)
+		case "owner":
+			h.Owner, err = one(d, args)
+		case "owner_secret":
+			h.OwnerSecret, err = one(d, args)
+		case "key_header":
+			h.KeyHeader, err = one(d, args)
+		case "methods":
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			for _, m := range args {
+				h.Methods = append(h.Methods, strings.ToUpper(m))
+			}
+		case "require_key":
+			if len(args) != 0 {
+				return d.ArgErr()
+			}
+			h.RequireKey = true
+		case "fingerprint":
+			if h.Fingerprint, err = one(d, args); err == nil {
+				if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil {
+					return d.Errf("fingerprint must be raw or json, not %q", h.Fingerprint)
+				}
+			}
+		case "fingerprint_headers":
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			h.FingerprintHeaders = args
+		case "max_request_body":
+			h.MaxRequestBody, err = size(d, args)
+		case "max_response_body":
+			h.MaxResponseBody, err = size(d, args)
+		case "retention":
+			h.Retention, err = duration(d, args)
+		case "attempt_timeout":
+			h.AttemptTimeout, err = duration(d, args)
+		case "attempt_deadline":
+			h.AttemptDeadline, err = duration(d, args)
+		case "in_flight":
+			err = h.parseInFlight(d, args)
+		case "failover_on":
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			if _, perr := proxy.ParseFailoverOn(args); perr != nil {
+				return d.Err(perr.Error())
+			}
+			h.FailoverOn = args
+		default:
+			return d.Errf("unknown subdirective %q", name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func one(d *caddyfile.Dispenser, args []string) (string, error) {
+	if len(args) != 1 {
+		return "", d.ArgErr()
+	}
+	return args[0], nil
+}
+
+func size(d *caddyfile.Dispenser, args []string) (int64, error) {
+	s, err := one(d, args)
+	if err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n == 0 || n > 1<<40 {
+		return 0, d.Errf("invalid size %q", s)
+	}
+	return int64(n), nil
+}
+
+func duration(d *caddyfile.Dispenser, args []string) (caddy.Duration, error) {
+	s, err := one(d, args)
+	if err != nil {
+		return 0, err
+	}
+	v, err := caddy.ParseDuration(s)
+	if err != nil || v <= 0 {
+		return 0, d.Errf("invalid duration %q", s)
+	}
+	return caddy.Duration(v), nil
+}
+
+func (h *Handler) parseLedger(d *caddyfile.Dispenser, args []string) error {
+	if len(args) == 0 {
+		return d.ArgErr()
+	}
+	var mod caddy.Module
+	switch args[0] {
+	case "memory":
+		if len(args) != 1 {
+			return d.ArgErr()
+		}
+		mod = MemoryLedger{}
+	case "postgres":
+		if len(args) < 2 || len(args) > 3 {
+			return d.Errf("usage: ledger postgres <dsn> [<schema>]")
+		}
+		p := PostgresLedger{DSN: args[1]}
+		if len(args) == 3 {
+			p.Schema = args[2]
+		}
+		mod = p
+	case "file", "redis":
+		return d.Errf("ledger %s is not available in this version; use memory or postgres", args[0])
+	default:
+		return d.Errf("unknown ledger %q (want memory or postgres)", args[0])
+	}
+	h.LedgerRaw = caddyconfig.JSONModuleObject(mod, "backend", mod.CaddyModule().ID.Name(), nil)
+	return nil
+}
+
+func (h *Handler) parseInFlight(d *caddyfile.Dispenser, args []string) error {
+	if len(args) == 0 {
+		return d.ArgErr()
+	}
+	switch args[0] {
+	case "reject":
+		if len(args) != 1 {
+			return d.ArgErr()
+		}
+		h.InFlight = "reject"
+	case "wait":
+		h.InFlight = "wait"
+		if len(args) > 2 {
+			return d.ArgErr()
+		}
+		if len(args) == 2 {
+			v, err := duration(d, args[1:])
+			if err != nil {
+				return err
+			}
+			h.InFlightWait = v
+		}
+	default:
+		return d.Errf("in_flight must be wait [<duration>] or reject, not %q", args[0])
+	}
+	return nil
+}
+
+// Interface guards
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,251 @@
+// Package caddymodule is the Caddy glue of onejob: the http.handlers.idempotency
+// handler, its Caddyfile directive, and the ledger modules. The request flow
+// itself lives in package proxy.
+package caddymodule
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/onejob/onejob/proxy"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler is an idempotency gateway: requests that carry an idempotency
+// key run at most once per (owner, key); retries and duplicates get the
+// stored answer. In drop-in mode the rest of the route is the provider.
+type Handler struct {
+	// The ledger that records jobs and attempts. Default: memory.
+	LedgerRaw json.RawMessage `json:"ledger,omitempty" caddy:"namespace=idempotency.ledgers inline_key=backend"`
+
+	// Owner of a request's key (placeholders allowed). Default: the
+	// authenticated user {http.auth.user.id}, else the Authorization
+	// header. An owner that resolves to "" is no owner: 401.
+	Owner string `json:"owner,omitempty"`
+
+	// OwnerSecret keys the HMAC-SHA-256 of stored owner and key hashes;
+	// set the same value on every instance. Default: plain SHA-256.
+	OwnerSecret string `json:"owner_secret,omitempty"`
+
+	// KeyHeader is the request header holding the key. Default
+	// Idempotency-Key.
+	KeyHeader string `json:"key_header,omitempty"`
+
+	// Methods that are ledgered. Default POST and PATCH.
+	Methods []string `json:"methods,omitempty"`
+
+	// RequireKey answers 400 to a ledgered method without a key.
+	RequireKey bool `json:"require_key,omitempty"`
+
+	// Fingerprint says how the body enters the request fingerprint: raw
+	// or json (canonical JSON). Default json.
+	Fingerprint string `json:"fingerprint,omitempty"`
+
+	// FingerprintHeaders are request headers that enter the fingerprint.
+	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
+
+	// MaxRequestBody is the largest request body, in bytes, that is
+	// ledgered; larger ones get 413. Default 1 MiB.
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+
+	// MaxResponseBody is the largest answer, in bytes, that is stored;
+	// larger ones are passed through and not stored. Default 8 MiB.
+	MaxResponseBody int64 `json:"max_response_body,omitempty"`
+
+	// Retention is how long a key stays one intent after its job completed
+	// or failed. Default 24h.
+	Retention caddy.Duration `json:"retention,omitempty"`
+
+	// AttemptTimeout bounds the wait for an answer's headers: past it the
+	// client gets 504 and the job is unknown. Default 30s.
+	AttemptTimeout caddy.Duration `json:"attempt_timeout,omitempty"`
+
+	// AttemptDeadline bounds an attempt until its answer's last byte: the
+	// attempt's lease, within which a late result may still complete the
+	// job. Default 5m.
+	AttemptDeadline caddy.Duration `json:"attempt_deadline,omitempty"`
+
+	// InFlight says what a duplicate of a running job gets: "wait" (for
+	// the result, up to InFlightWait) or "reject" (409 at once). Default
+	// wait.
+	InFlight string `json:"in_flight,omitempty"`
+
+	// InFlightWait bounds a duplicate's wait. Default AttemptTimeout.
+	InFlightWait caddy.Duration `json:"in_flight_wait,omitempty"`
+
+	// FailoverOn names the answers that show a provider did not act on a
+	// request: status codes and connect_error. Default connect_error 429 503.
+	FailoverOn []string `json:"failover_on,omitempty"`
+
+	ledger LedgerModule
+	mw     *proxy.Middleware
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.idempotency",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets up the ledger and the request flow.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.LedgerRaw == nil {
+		h.LedgerRaw = json.RawMessage(`{"backend":"memory"}`)
+	}
+	mod, err := ctx.LoadModule(h, "LedgerRaw")
+	if err != nil {
+		return fmt.Errorf("loading ledger: %w", err)
+	}
+	h.ledger = mod.(LedgerModule)
+
+	cfg := proxy.Config{
+		Ledger:             h.ledger.Ledger(),
+		KeyHeader:          h.KeyHeader,
+		Methods:            append([]string(nil), h.Methods...),
+		RequireKey:         h.RequireKey,
+		OwnerSecret:        []byte(h.OwnerSecret),
+		FingerprintHeaders: append([]string(nil), h.FingerprintHeaders...),
+		MaxRequestBody:     h.MaxRequestBody,
+		MaxResponseBody:    h.MaxResponseBody,
+		Retention:          time.Duration(h.Retention),
+		AttemptTimeout:     time.Duration(h.AttemptTimeout),
+		AttemptDeadline:    time.Duration(h.AttemptDeadline),
+		InFlightWait:       time.Duration(h.InFlightWait),
+		Owner:              h.owner,
+		OriginalURI:        originalURI,
+		IsConnectError:     isConnectError,
+		PrepareAttempt:     prepareAttempt,
+		Hold:               h.ledger.Hold,
+		SetVar:             setVar,
+		Logger:             h.logger,
+	}
+	if cfg.Fingerprint, err = proxy.ParseBodyMode(h.Fingerprint); err != nil {
+		return err
+	}
+	switch h.InFlight {
+	case "", "wait":
+	case "reject":
+		cfg.InFlightReject = true
+	default:
+		return fmt.Errorf("in_flight must be wait or reject, not %q", h.InFlight)
+	}
+	if len(h.FailoverOn) > 0 {
+		if cfg.FailoverOn, err = proxy.ParseFailoverOn(h.FailoverOn); err != nil {
+			return err
+		}
+	}
+	h.mw, err = proxy.New(cfg)
+	return err
+}
+
+// Cleanup releases the ledger module's hold, which it does itself: nothing
+// else to do here. In-flight attempts hold their own reference.
+func (h *Handler) Cleanup() error { return nil }
+
+// ServeHTTP runs the idempotent flow in front of next.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	return h.mw.ServeHTTP(w, r, next)
+}
+
+// owner resolves the owner of a request.
+func (h *Handler) owner(r *http.Request) string {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.Owner != "" {
+		if repl == nil {
+			return ""
+		}
+		return repl.ReplaceAll(h.Owner, "")
+	}
+	if repl != nil {
+		if id, ok := repl.GetString("http.auth.user.id"); ok && id != "" {
+			return "user:" + id
+		}
+	}
+	if a := r.Header.Get("Authorization"); a != "" {
+		return "authorization:" + a
+	}
+	return ""
+}
+
+// originalURI is the request URI as the client sent it, before rewrites.
+func originalURI(r *http.Request) string {
+	if or, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok && or.RequestURI != "" {
+		return or.RequestURI
+	}
+	return r.RequestURI
+}
+
+// errNoUpstream is reverse_proxy's message when no upstream can be chosen.
+const errNoUpstream = "no upstreams available"
+
+// isConnectError reports whether a handler error means the request never
+// left: a dial or TLS handshake failure, or no upstream available.
+func isConnectError(err error) bool {
+	var de reverseproxy.DialError
+	if errors.As(err, &de) {
+		return true
+	}
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode == http.StatusServiceUnavailable && he.Err != nil && he.Err.Error() == errNoUpstream {
+		return true
+	}
+	var (
+		rh  tls.RecordHeaderError
+		ae  tls.AlertError
+		cve *tls.CertificateVerificationError
+		ua  x509.UnknownAuthorityError
+		hn  x509.HostnameError
+		ci  x509.CertificateInvalidError
+	)
+	return errors.As(err, &rh) || errors.As(err, &ae) || errors.As(err, &cve) ||
+		errors.As(err, &ua) || errors.As(err, &hn) || errors.As(err, &ci) ||
+		strings.Contains(err.Error(), "tls: handshake")
+}
+
+// prepareAttempt gives an attempt its own copy of the request's vars:
+// reverse_proxy writes them without a lock, and the attempt may outlive the
+// request.
+func prepareAttempt(r *http.Request) *http.Request {
+	vars, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if !ok {
+		return r
+	}
+	c := make(map[string]any, len(vars)+4)
+	for k, v := range vars {
+		c[k] = v
+	}
+	return r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, c))
+}
+
+// setVar publishes {http.idempotency.<name>}.
+func setVar(r *http.Request, name, value string) {
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		repl.Set("http.idempotency."+name, value)
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
