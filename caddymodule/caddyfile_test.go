@@ -1,0 +1,138 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	in := `idempotency {
+		ledger postgres postgres://u@127.0.0.1/db myschema
+		owner {http.request.header.X-Api-Key}
+		owner_secret s3cret
+		key_header X-Idempotency-Key
+		methods post put
+		require_key
+		fingerprint raw
+		fingerprint_headers Content-Type X-Tenant
+		max_request_body 2MiB
+		max_response_body 1KB
+		retention 48h
+		attempt_timeout 2s
+		attempt_deadline 1m
+		in_flight wait 5s
+		failover_on connect_error 503
+	}`
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"ledger":{"backend":"postgres","dsn":"postgres://u@127.0.0.1/db","schema":"myschema"},` +
+		`"owner":"{http.request.header.X-Api-Key}","owner_secret":"s3cret","key_header":"X-Idempotency-Key",` +
+		`"methods":["POST","PUT"],"require_key":true,"fingerprint":"raw","fingerprint_headers":["Content-Type","X-Tenant"],` +
+		`"max_request_body":2097152,"max_response_body":1000,"retention":172800000000000,"attempt_timeout":2000000000,` +
+		`"attempt_deadline":60000000000,"in_flight":"wait","in_flight_wait":5000000000,"failover_on":["connect_error","503"]}`
+	if string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+func TestUnmarshalCaddyfileErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"argument on the directive", `idempotency foo`, "wrong argument count"},
+		{"unknown subdirective", "idempotency {\n\tbogus\n}", `unknown subdirective "bogus", at Testfile:2`},
+		{"duplicate", "idempotency {\n\tretention 1h\n\tretention 2h\n}", `duplicate subdirective "retention", at Testfile:3`},
+		{"ledger unknown", "idempotency {\n\tledger mysql x\n}", `unknown ledger "mysql" (want memory or postgres), at Testfile:2`},
+		{"ledger missing", "idempotency {\n\tledger\n}", "wrong argument count or unexpected line ending after 'ledger', at Testfile:2"},
+		{"ledger postgres without dsn", "idempotency {\n\tledger postgres\n}", "ledger postgres <dsn>"},
+		{"ledger file not yet", "idempotency {\n\tledger file\n}", "not available in this version"},
+		{"bad fingerprint", "idempotency {\n\n\tfingerprint xml\n}", `fingerprint must be raw or json, not "xml", at Testfile:3`},
+		{"bad size", "idempotency {\n\tmax_request_body lots\n}", `invalid size "lots", at Testfile:2`},
+		{"bad duration", "idempotency {\n\tretention forever\n}", `invalid duration "forever", at Testfile:2`},
+		{"negative duration", "idempotency {\n\tattempt_timeout -1s\n}", `invalid duration "-1s"`},
+		{"in_flight bogus", "idempotency {\n\tin_flight maybe\n}", "in_flight must be wait [<duration>] or reject"},
+		{"in_flight reject arg", "idempotency {\n\tin_flight reject 1s\n}", "wrong argument count"},
+		{"failover_on bad", "idempotency {\n\tfailover_on 503 teapot\n}", `failover_on: "teapot" is not connect_error or a status code, at Testfile:2`},
+		{"failover_on empty", "idempotency {\n\tfailover_on\n}", "wrong argument count"},
+		{"owner two args", "idempotency {\n\towner a b\n}", "wrong argument count"},
+		{"require_key arg", "idempotency {\n\trequire_key yes\n}", "wrong argument count"},
+		{"methods empty", "idempotency {\n\tmethods\n}", "wrong argument count"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+			if err == nil {
+				t.Fatalf("no error for %q", tc.in)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestAdapt pins the documented syntax: the directive is ordered before
+// handle blocks without a global order option, and adapts to this JSON.
+func TestAdapt(t *testing.T) {
+	in := `:8080 {
+	handle /api/* {
+		reverse_proxy 127.0.0.1:9000
+	}
+	idempotency {
+		ledger memory
+		in_flight reject
+	}
+}`
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(caddyfile.Format([]byte(in)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) > 0 {
+		t.Errorf("warnings: %v", warnings)
+	}
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []struct {
+						Handle []json.RawMessage `json:"handle"`
+					} `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := cfg.Apps.HTTP.Servers["srv0"]
+	if len(srv.Routes) != 2 {
+		t.Fatalf("routes: %s", out)
+	}
+	first := string(srv.Routes[0].Handle[0])
+	want := `{"handler":"idempotency","in_flight":"reject","ledger":{"backend":"memory"}}`
+	if first != want {
+		t.Errorf("first route handler = %s, want %s (the directive must come before handle)", first, want)
+	}
+	if !strings.Contains(string(srv.Routes[1].Handle[0]), `"handler":"subroute"`) {
+		t.Errorf("second route = %s, want the handle block", srv.Routes[1].Handle[0])
+	}
+}
+
+func TestAdaptErrorHasLine(t *testing.T) {
+	in := ":8080 {\n\tidempotency {\n\t\tretention 1h\n\t\tretention_typo 2h\n\t}\n}\n"
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in), map[string]any{"filename": "Caddyfile"})
+	if err == nil || !strings.Contains(err.Error(), "Caddyfile:4") || !strings.Contains(err.Error(), "retention_typo") {
+		t.Errorf("error = %v, want one naming Caddyfile:4 and the subdirective", err)
+	}
+}
