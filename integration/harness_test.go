@@ -1,0 +1,292 @@
+//go:build integration
+
+// Package integration drives the built caddy binary over HTTP against real
+// upstreams and a real PostgreSQL, started by ./integration/test.sh.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// binary is the caddy built once for all tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "onejob-integration")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "caddy")
+	build := exec.Command("go", "build", "-o", binary, "./cmd/caddy")
+	build.Dir = ".."
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building caddy:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func postgresDSN(t *testing.T) string {
+	t.Helper()
+	d := os.Getenv("ONEJOB_TEST_POSTGRES")
+	if d == "" {
+		t.Fatal("ONEJOB_TEST_POSTGRES is not set: run ./integration/test.sh, which starts PostgreSQL")
+	}
+	return d
+}
+
+// freePort returns a loopback port the OS just handed out.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// backend is a ledger configuration for the gateway under test.
+type backend struct {
+	name   string
+	line   string // the ledger subdirective
+	schema string // PostgreSQL schema, "" for memory
+}
+
+var schemaSeq struct {
+	sync.Mutex
+	n int
+}
+
+// backends returns the ledgers every scenario runs on: memory and a fresh
+// PostgreSQL schema.
+func backends(t *testing.T) []func(t *testing.T) backend {
+	return []func(t *testing.T) backend{
+		func(*testing.T) backend { return backend{name: "memory", line: "ledger memory"} },
+		func(t *testing.T) backend { return pgBackend(t) },
+	}
+}
+
+func pgBackend(t *testing.T) backend {
+	dsn := postgresDSN(t)
+	schemaSeq.Lock()
+	schemaSeq.n++
+	schema := fmt.Sprintf("it_%d_%d", os.Getpid(), schemaSeq.n)
+	schemaSeq.Unlock()
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), dsn)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+	})
+	return backend{name: "postgres", line: "ledger postgres " + dsn + " " + schema, schema: schema}
+}
+
+// eachBackend runs fn as a subtest on every ledger.
+func eachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
+	for _, mk := range backends(t) {
+		b := mk(t)
+		t.Run(b.name, func(t *testing.T) { fn(t, b) })
+	}
+}
+
+// gateway is a running caddy process.
+type gateway struct {
+	t      *testing.T
+	url    string
+	admin  string
+	config string
+	home   string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startGateway runs caddy with a site on a free port. site is the body of
+// the site block; "{ledger}" in it is replaced by the backend's line.
+func startGateway(t *testing.T, b backend, site string) *gateway {
+	t.Helper()
+	g := &gateway{t: t, home: t.TempDir()}
+	port, admin := freePort(t), freePort(t)
+	g.url = fmt.Sprintf("http://127.0.0.1:%d", port)
+	g.admin = fmt.Sprintf("127.0.0.1:%d", admin)
+	site = strings.ReplaceAll(site, "{ledger}", b.line)
+	caddyfile := fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n}\n\nhttp://127.0.0.1:%d {\n%s\n}\n", g.admin, port, site)
+	g.config = filepath.Join(g.home, "Caddyfile")
+	if err := os.WriteFile(g.config, []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.start()
+	t.Cleanup(g.stop)
+	return g
+}
+
+func (g *gateway) start() {
+	t := g.t
+	t.Helper()
+	g.out = &syncBuffer{}
+	g.cmd = exec.Command(binary, "run", "--config", g.config, "--adapter", "caddyfile")
+	g.cmd.Env = append(os.Environ(), "HOME="+g.home, "XDG_DATA_HOME="+g.home+"/data", "XDG_CONFIG_HOME="+g.home+"/config")
+	g.cmd.Stdout, g.cmd.Stderr = g.out, g.out
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	g.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, exited chan struct{}) { cmd.Wait(); close(exited) }(g.cmd, g.exited)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + g.admin + "/config/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case <-g.exited:
+			g.cmd = nil
+			t.Fatalf("caddy exited at start:\n%s", g.out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			g.cmd.Process.Kill()
+			<-g.exited
+			g.cmd = nil
+			t.Fatalf("caddy did not start:\n%s", g.out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop ends caddy gracefully (SIGTERM), or kills it after 10 s.
+func (g *gateway) stop() {
+	if g.cmd == nil || g.cmd.Process == nil {
+		return
+	}
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.exited:
+	case <-time.After(10 * time.Second):
+		g.cmd.Process.Kill()
+		<-g.exited
+	}
+	if g.t.Failed() {
+		g.t.Logf("caddy output:\n%s", g.out)
+	}
+	g.cmd = nil
+}
+
+// response is a finished HTTP exchange.
+type response struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (r response) String() string { return fmt.Sprintf("%d %v %s", r.status, r.header, r.body) }
+
+// post sends a POST with an optional key and Authorization header.
+func (g *gateway) post(t *testing.T, path, key, auth, body string) response {
+	t.Helper()
+	return g.do(t, context.Background(), http.MethodPost, path, key, auth, body)
+}
+
+func (g *gateway) do(t *testing.T, ctx context.Context, method, path, key, auth, body string) response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, g.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// eventually polls cond until it holds, for conditions the test cannot
+// wait on directly (a gateway's background work).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// jobState reads a job's state from the PostgreSQL tables, as an operator
+// would (the stored state, leases not applied).
+func jobState(t *testing.T, b backend, jobID string) (state string, attempts []string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, postgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, "SELECT state FROM "+b.schema+".jobs WHERE id = $1", jobID).Scan(&state); err != nil {
+		t.Fatalf("job %s: %v", jobID, err)
+	}
+	rows, err := conn.Query(ctx, "SELECT state FROM "+b.schema+".attempts WHERE job_id = $1 ORDER BY number", jobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return state, attempts
+}
