@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func postgresDSN(t *testing.T) string {
+func postgresDSN(t testing.TB) string {
 	t.Helper()
 	d := os.Getenv("ONEJOB_TEST_POSTGRES")
 	if d == "" {
@@ -55,7 +55,7 @@ func postgresDSN(t *testing.T) string {
 }
 
 // freePort returns a loopback port the OS just handed out.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -86,7 +86,7 @@ func backends(t *testing.T) []func(t *testing.T) backend {
 	}
 }
 
-func pgBackend(t *testing.T) backend {
+func pgBackend(t testing.TB) backend {
 	dsn := postgresDSN(t)
 	schemaSeq.Lock()
 	schemaSeq.n++
@@ -113,7 +113,7 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 
 // gateway is a running caddy process.
 type gateway struct {
-	t      *testing.T
+	t      testing.TB
 	url    string
 	admin  string
 	config string
@@ -142,14 +142,19 @@ func (s *syncBuffer) String() string {
 
 // startGateway runs caddy with a site on a free port. site is the body of
 // the site block; "{ledger}" in it is replaced by the backend's line.
-func startGateway(t *testing.T, b backend, site string) *gateway {
+func startGateway(t testing.TB, b backend, site string) *gateway {
+	return startGatewayWith(t, b, "", site)
+}
+
+// startGatewayWith also takes extra global options.
+func startGatewayWith(t testing.TB, b backend, global, site string) *gateway {
 	t.Helper()
 	g := &gateway{t: t, home: t.TempDir()}
 	port, admin := freePort(t), freePort(t)
 	g.url = fmt.Sprintf("http://127.0.0.1:%d", port)
 	g.admin = fmt.Sprintf("127.0.0.1:%d", admin)
 	site = strings.ReplaceAll(site, "{ledger}", b.line)
-	caddyfile := fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n}\n\nhttp://127.0.0.1:%d {\n%s\n}\n", g.admin, port, site)
+	caddyfile := fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\n\nhttp://127.0.0.1:%d {\n%s\n}\n", g.admin, global, port, site)
 	g.config = filepath.Join(g.home, "Caddyfile")
 	if err := os.WriteFile(g.config, []byte(caddyfile), 0o600); err != nil {
 		t.Fatal(err)
@@ -269,7 +274,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // jobState reads a job's state from the PostgreSQL tables, as an operator
 // would (the stored state, leases not applied).
-func jobState(t *testing.T, b backend, jobID string) (state string, attempts []string) {
+func jobState(t testing.TB, b backend, jobID string) (state string, attempts []string) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, postgresDSN(t))

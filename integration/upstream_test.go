@@ -25,7 +25,7 @@ type call struct {
 	key, jobID, attempt, body string
 }
 
-func newUpstream(t *testing.T, serve func(w http.ResponseWriter, r *http.Request, n int)) *upstream {
+func newUpstream(t testing.TB, serve func(w http.ResponseWriter, r *http.Request, n int)) *upstream {
 	u := &upstream{serve: serve}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
