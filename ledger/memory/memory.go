@@ -214,45 +214,10 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 
 // Wait implements ledger.Ledger.
 func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
-	for {
+	return ledger.WaitSettled(ctx, func() (*ledger.Job, time.Time, <-chan struct{}, error) {
 		j, changed, err := l.get(jobID)
-		if err != nil {
-			return nil, err
-		}
-		if j.State != ledger.JobPending {
-			return j, nil
-		}
-		// Wake when the earliest lease runs out, in case nothing else
-		// changes the job before then.
-		var expire <-chan time.Time
-		var t *time.Timer
-		if d, ok := nextDeadline(j); ok {
-			t = time.NewTimer(d.Sub(l.now()))
-			expire = t.C
-		}
-		select {
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-changed:
-		case <-expire:
-		}
-		if t != nil {
-			t.Stop()
-		}
-		if err != nil {
-			return j, err
-		}
-	}
-}
-
-func nextDeadline(j *ledger.Job) (time.Time, bool) {
-	var d time.Time
-	for _, a := range j.Attempts {
-		if a.State == ledger.AttemptStarting && (d.IsZero() || a.Deadline.Before(d)) {
-			d = a.Deadline
-		}
-	}
-	return d, !d.IsZero()
+		return j, l.now(), changed, err
+	})
 }
 
 // Sweep implements ledger.Ledger.

@@ -164,43 +164,8 @@ func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 		return nil, err
 	}
 	defer cancel()
-	for {
+	return ledger.WaitSettled(ctx, func() (*ledger.Job, time.Time, <-chan struct{}, error) {
 		j, now, err := l.load(ctx, jobID)
-		if err != nil {
-			return nil, err
-		}
-		if j.State != ledger.JobPending {
-			return j, nil
-		}
-		var (
-			timer  *time.Timer
-			expire <-chan time.Time
-		)
-		if d, ok := nextDeadline(j); ok {
-			timer = time.NewTimer(d.Sub(now))
-			expire = timer.C
-		}
-		select {
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-ch:
-		case <-expire:
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-		if err != nil {
-			return j, err
-		}
-	}
-}
-
-func nextDeadline(j *ledger.Job) (time.Time, bool) {
-	var d time.Time
-	for _, a := range j.Attempts {
-		if a.State == ledger.AttemptStarting && (d.IsZero() || a.Deadline.Before(d)) {
-			d = a.Deadline
-		}
-	}
-	return d, !d.IsZero()
+		return j, now, ch, err
+	})
 }

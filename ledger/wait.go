@@ -1,0 +1,54 @@
+package ledger
+
+import (
+	"context"
+	"time"
+)
+
+// WaitSettled is the loop behind Ledger.Wait: it reads the job until it is
+// no longer pending. read returns the job with leases applied, the ledger's
+// clock at the read, and a channel that receives (or closes) on the job's
+// next change; the caller subscribes before the first read. Between reads
+// it also wakes when the earliest lease runs out.
+func WaitSettled(ctx context.Context, read func() (*Job, time.Time, <-chan struct{}, error)) (*Job, error) {
+	for {
+		j, now, changed, err := read()
+		if err != nil {
+			return nil, err
+		}
+		if j.State != JobPending {
+			return j, nil
+		}
+		var (
+			timer  *time.Timer
+			expire <-chan time.Time
+		)
+		if d, ok := nextDeadline(j); ok {
+			timer = time.NewTimer(d.Sub(now))
+			expire = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-changed:
+		case <-expire:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if err != nil {
+			return j, err
+		}
+	}
+}
+
+// nextDeadline returns the earliest deadline of the job's starting attempts.
+func nextDeadline(j *Job) (time.Time, bool) {
+	var d time.Time
+	for _, a := range j.Attempts {
+		if a.State == AttemptStarting && (d.IsZero() || a.Deadline.Before(d)) {
+			d = a.Deadline
+		}
+	}
+	return d, !d.IsZero()
+}
