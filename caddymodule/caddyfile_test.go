@@ -63,7 +63,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"negative duration", "idempotency {\n\tattempt_timeout -1s\n}", `invalid duration "-1s"`},
 		{"in_flight bogus", "idempotency {\n\tin_flight maybe\n}", "in_flight must be wait [<duration>] or reject"},
 		{"in_flight reject arg", "idempotency {\n\tin_flight reject 1s\n}", "wrong argument count"},
-		{"failover_on bad", "idempotency {\n\tfailover_on 503 teapot\n}", `failover_on: "teapot" is not connect_error or a status code, at Testfile:2`},
+		{"failover_on bad", "idempotency {\n\tfailover_on 503 teapot\n}", `failover_on: "teapot" is not connect_error, contract or a status code, at Testfile:2`},
 		{"failover_on empty", "idempotency {\n\tfailover_on\n}", "wrong argument count"},
 		{"owner two args", "idempotency {\n\towner a b\n}", "wrong argument count"},
 		{"require_key arg", "idempotency {\n\trequire_key yes\n}", "wrong argument count"},

@@ -32,11 +32,10 @@ type LedgerModule interface {
 var ledgers = caddy.NewUsagePool()
 
 // sweepEvery is how often each open ledger records expired leases and
-// removes expired jobs.
-const (
-	sweepEvery = 10 * time.Second
-	sweepBatch = 1000
-)
+// removes expired jobs, at most sweepBatch jobs per call.
+var sweepEvery = 10 * time.Second
+
+const sweepBatch = 1000
 
 // shared is one open ledger in the pool, with its sweeper.
 type shared struct {
@@ -48,13 +47,13 @@ type shared struct {
 func newShared(l ledger.Ledger, log *zap.Logger) *shared {
 	ctx, stop := context.WithCancel(context.Background())
 	s := &shared{Ledger: l, stop: stop, done: make(chan struct{})}
-	go s.sweep(ctx, log)
+	go s.sweep(ctx, log, sweepEvery)
 	return s
 }
 
-func (s *shared) sweep(ctx context.Context, log *zap.Logger) {
+func (s *shared) sweep(ctx context.Context, log *zap.Logger, every time.Duration) {
 	defer close(s.done)
-	t := time.NewTicker(sweepEvery)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {

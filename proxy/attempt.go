@@ -186,6 +186,11 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) (final, *ledger.Atte
 	if ctx.Err() != nil && err == nil && !c.wrote {
 		err = ctx.Err()
 	}
+	if err == nil && panicked == nil && !c.wrote {
+		// A handler that returns without writing answers 200 with no
+		// body, as net/http sends it; status 0 cannot be written or replayed.
+		c.WriteHeader(http.StatusOK)
+	}
 	status := c.status
 	v, reason := m.classify(status, err, cut)
 

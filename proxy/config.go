@@ -55,6 +55,8 @@ type Provider struct {
 type FailoverOn struct {
 	ConnectError bool
 	Statuses     map[int]bool
+	// Contract: answers that break the route's contract (for contracts).
+	Contract bool
 }
 
 // DefaultFailoverOn is connect_error 429 503.
@@ -70,10 +72,12 @@ func ParseFailoverOn(words []string) (FailoverOn, error) {
 		switch w {
 		case "connect_error":
 			f.ConnectError = true
+		case "contract":
+			f.Contract = true
 		default:
 			code, err := strconv.Atoi(w)
 			if err != nil || code < 100 || code > 599 {
-				return f, fmt.Errorf("failover_on: %q is not connect_error or a status code", w)
+				return f, fmt.Errorf("failover_on: %q is not connect_error, contract or a status code", w)
 			}
 			f.Statuses[code] = true
 		}
@@ -173,21 +177,25 @@ func (c *Config) setDefaults() error {
 		c.KeyHeader = DefaultKeyHeader
 	}
 	c.KeyHeader = http.CanonicalHeaderKey(c.KeyHeader)
-	if len(c.Methods) == 0 {
-		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	methods := []string{http.MethodPost, http.MethodPatch}
+	if len(c.Methods) > 0 {
+		methods = make([]string, len(c.Methods))
+		for i, m := range c.Methods {
+			methods[i] = strings.ToUpper(m)
+		}
 	}
-	for i, m := range c.Methods {
-		c.Methods[i] = strings.ToUpper(m)
-	}
+	c.Methods = methods
 	if c.Owner == nil {
 		c.Owner = func(r *http.Request) string { return r.Header.Get("Authorization") }
 	}
 	if c.OriginalURI == nil {
 		c.OriginalURI = func(r *http.Request) string { return r.RequestURI }
 	}
+	headers := make([]string, len(c.FingerprintHeaders))
 	for i, h := range c.FingerprintHeaders {
-		c.FingerprintHeaders[i] = http.CanonicalHeaderKey(h)
+		headers[i] = http.CanonicalHeaderKey(h)
 	}
+	c.FingerprintHeaders = headers
 	if c.MaxRequestBody <= 0 {
 		c.MaxRequestBody = defaultMaxRequest
 	}
@@ -209,7 +217,7 @@ func (c *Config) setDefaults() error {
 	if c.InFlightWait <= 0 {
 		c.InFlightWait = c.AttemptTimeout
 	}
-	if c.FailoverOn.Statuses == nil && !c.FailoverOn.ConnectError {
+	if c.FailoverOn.Statuses == nil && !c.FailoverOn.ConnectError && !c.FailoverOn.Contract {
 		c.FailoverOn = DefaultFailoverOn()
 	}
 	if len(c.Providers) == 0 {

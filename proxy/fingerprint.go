@@ -96,15 +96,16 @@ func (f fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byt
 }
 
 // CanonicalJSON returns the canonical form of a JSON document, or false when
-// body is not one valid UTF-8 JSON value without duplicate object keys.
+// body is not one valid UTF-8 JSON value without duplicate object keys,
+// unpaired surrogate escapes, or more than maxDepth levels of nesting.
 func CanonicalJSON(body []byte) ([]byte, bool) {
-	if !utf8.Valid(body) {
+	if !utf8.Valid(body) || loneSurrogate(body) {
 		return nil, false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	out := make([]byte, 0, len(body))
-	out, err := canonValue(dec, out)
+	out, err := canonValue(dec, out, 0)
 	if err != nil {
 		return nil, false
 	}
@@ -114,25 +115,74 @@ func CanonicalJSON(body []byte) ([]byte, bool) {
 	return out, true
 }
 
-var errDuplicateKey = errors.New("duplicate object key")
+var (
+	errDuplicateKey = errors.New("duplicate object key")
+	errTooDeep      = errors.New("nested too deeply")
+)
 
-func canonValue(dec *json.Decoder, out []byte) ([]byte, error) {
+// maxDepth bounds the nesting of a document that is canonicalized (the
+// limit of encoding/json's own scanner): deeper documents are hashed raw, so
+// that a body of brackets cannot make the recursion below take hundreds of
+// megabytes of stack.
+const maxDepth = 10000
+
+// loneSurrogate reports whether body escapes a UTF-16 surrogate that is not
+// half of a pair (\ud800 alone). The decoder turns each into U+FFFD, so
+// distinct strings would compare equal: such a body is hashed raw.
+func loneSurrogate(body []byte) bool {
+	for i := 0; i < len(body); i++ {
+		if body[i] != '\\' {
+			continue
+		}
+		switch u := codeUnit(body, i); {
+		case u < 0: // a one-character escape: skip the escaped character
+			i++
+		case u >= 0xd800 && u < 0xdc00: // high: a low must follow
+			if lo := codeUnit(body, i+6); lo < 0xdc00 || lo >= 0xe000 {
+				return true
+			}
+			i += 11
+		case u >= 0xdc00 && u < 0xe000:
+			return true
+		default:
+			i += 5
+		}
+	}
+	return false
+}
+
+// codeUnit returns the code unit of the \uXXXX escape at b[i:], or -1.
+func codeUnit(b []byte, i int) int {
+	if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
+		return -1
+	}
+	n, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
+	if err != nil {
+		return -1
+	}
+	return int(n)
+}
+
+func canonValue(dec *json.Decoder, out []byte, depth int) ([]byte, error) {
 	tok, err := dec.Token()
 	if err != nil {
 		return nil, err
 	}
 	switch t := tok.(type) {
 	case json.Delim:
+		if depth >= maxDepth {
+			return nil, errTooDeep
+		}
 		switch t {
 		case '{':
-			return canonObject(dec, out)
+			return canonObject(dec, out, depth+1)
 		case '[':
 			out = append(out, '[')
 			for i := 0; dec.More(); i++ {
 				if i > 0 {
 					out = append(out, ',')
 				}
-				if out, err = canonValue(dec, out); err != nil {
+				if out, err = canonValue(dec, out, depth+1); err != nil {
 					return nil, err
 				}
 			}
@@ -154,7 +204,7 @@ func canonValue(dec *json.Decoder, out []byte) ([]byte, error) {
 	return nil, errors.New("unexpected token")
 }
 
-func canonObject(dec *json.Decoder, out []byte) ([]byte, error) {
+func canonObject(dec *json.Decoder, out []byte, depth int) ([]byte, error) {
 	type member struct {
 		key string
 		val []byte
@@ -169,7 +219,7 @@ func canonObject(dec *json.Decoder, out []byte) ([]byte, error) {
 		if !ok {
 			return nil, errors.New("object key is not a string")
 		}
-		val, err := canonValue(dec, nil)
+		val, err := canonValue(dec, nil, depth)
 		if err != nil {
 			return nil, err
 		}

@@ -10,18 +10,18 @@ import (
 // Problem names: each is the last part of a problem type
 // urn:onejob:problem:<name> (SPEC section 2).
 const (
-	ProblemKeyMissing       = "key-missing"
-	ProblemKeyInvalid       = "key-invalid"
-	ProblemOwnerMissing     = "owner-missing"
-	ProblemBodyTooLarge     = "body-too-large"
-	ProblemKeyReused        = "key-reused"
-	ProblemInFlight         = "in-flight"
-	ProblemAttemptFailed    = "attempt-failed"
-	ProblemOutcomeUnknown   = "outcome-unknown"
-	ProblemContract         = "contract-violation"
-	ProblemAllFailed        = "all-providers-failed"
-	ProblemNotStored        = "response-not-stored"
-	ProblemLedgerUnavailble = "ledger-unavailable"
+	ProblemKeyMissing        = "key-missing"
+	ProblemKeyInvalid        = "key-invalid"
+	ProblemOwnerMissing      = "owner-missing"
+	ProblemBodyTooLarge      = "body-too-large"
+	ProblemKeyReused         = "key-reused"
+	ProblemInFlight          = "in-flight"
+	ProblemAttemptFailed     = "attempt-failed"
+	ProblemOutcomeUnknown    = "outcome-unknown"
+	ProblemContract          = "contract-violation"
+	ProblemAllFailed         = "all-providers-failed"
+	ProblemNotStored         = "response-not-stored"
+	ProblemLedgerUnavailable = "ledger-unavailable"
 )
 
 // Problem is an RFC 9457 problem detail.

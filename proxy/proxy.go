@@ -112,7 +112,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 			return nil
 		}
 		m.cfg.Logger.Error("ledger unavailable: request not forwarded", zap.Error(err))
-		m.reject(w, problem(http.StatusServiceUnavailable, ProblemLedgerUnavailble, "Ledger unavailable").
+		m.reject(w, problem(http.StatusServiceUnavailable, ProblemLedgerUnavailable, "Ledger unavailable").
 			withDetail("The request was not forwarded: it could not be recorded.").retry(time.Second))
 		return nil
 	}
@@ -198,6 +198,9 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 		client: &client{w: w},
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
+		// Known before the runner starts, so that a timeout that fires
+		// first still marks this attempt unknown.
+		att: *res.Attempt,
 	}
 	provider := max(slices.IndexFunc(m.cfg.Providers, func(p Provider) bool { return p.Name == res.Attempt.Provider }), 0)
 	go rn.run(*res.Attempt, provider, m.cfg.Hold())
@@ -314,9 +317,13 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string) 
 		return // the client left
 	}
 	switch {
-	case errors.Is(err, context.DeadlineExceeded) && j != nil:
+	case errors.Is(err, context.DeadlineExceeded):
 		m.cfg.Observer.Request("conflict")
-		m.inFlight(w, jobID, latest(j), time.Now())
+		var a *ledger.Attempt
+		if j != nil {
+			a = latest(j)
+		}
+		m.inFlight(w, jobID, a, time.Now())
 	case errors.Is(err, ledger.ErrNotFound):
 		m.cfg.Observer.Request("conflict")
 		problem(http.StatusConflict, ProblemInFlight, "Request in flight").
@@ -324,7 +331,7 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string) 
 	case err != nil:
 		m.cfg.Logger.Error("ledger unavailable while waiting", zap.String("job_id", jobID), zap.Error(err))
 		m.cfg.Observer.Request("rejected")
-		problem(http.StatusServiceUnavailable, ProblemLedgerUnavailble, "Ledger unavailable").
+		problem(http.StatusServiceUnavailable, ProblemLedgerUnavailable, "Ledger unavailable").
 			withJob(jobID).retry(time.Second).Write(w)
 	case j.State == ledger.JobCompleted:
 		m.cfg.Observer.Request("waited")
