@@ -9,42 +9,17 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
 )
 
-// verdict is what an attempt's answer says about the job.
-type verdict int
-
-const (
-	verdictResult  verdict = iota // the job's result
-	verdictFailed                 // definitive: the provider did not act
-	verdictUnknown                // the provider may have acted
-)
-
-// classify judges an attempt's answer (status, or 0 when none was written)
-// and its handler error. connect is whether err means nothing was sent.
-func (m *Middleware) classify(status int, err error, cut bool) (verdict, string) {
-	switch {
-	case err != nil && status == 0 && m.cfg.IsConnectError(err):
-		return verdictFailed, "connect_error"
-	case cut:
-		return verdictUnknown, "answer cut short"
-	case err != nil && status == 0:
-		return verdictUnknown, "upstream error: " + err.Error()
-	case status == 499:
-		return verdictUnknown, "request cancelled below the gateway (499)"
-	case m.cfg.FailoverOn.Statuses[status]:
-		return verdictFailed, strconv.Itoa(status)
-	}
-	return verdictResult, ""
-}
-
 // final is how a job's run ended, for the client request that started it.
 type final struct {
-	verdict  verdict
+	verdict  fallback.Verdict
 	reason   string
 	status   int              // the problem status for unknown (502, 504)
 	answer   *ledger.Response // the provider's answer, when there is one
@@ -54,25 +29,50 @@ type final struct {
 	storeErr error            // the ledger could not record the outcome
 }
 
-// runner runs a job's attempts, one provider after another, in its own
-// goroutine detached from the client: it keeps going when the client
-// leaves, bounded by each attempt's deadline.
+// result is how one attempt ended.
+type result struct {
+	att       ledger.Attempt
+	provider  int
+	verdict   fallback.Verdict
+	reason    string
+	status    int              // problem status for unknown
+	answer    *ledger.Response // the whole answer, buffered
+	committed *final           // the answer was committed before it ended
+}
+
+// runner runs a job's attempts — one provider after another, and a hedge
+// beside the running one — in goroutines detached from the client: they
+// keep going when the client leaves, each bounded by its deadline.
 type runner struct {
 	m      *Middleware
 	base   *http.Request // the detached upstream request
 	next   Handler
 	body   []byte
 	client *client
-	wake   chan struct{} // a value after each change of state below
-	done   chan struct{} // closed with out set
+	wake   chan struct{} // a value after each change the client watches
+	done   chan struct{} // closed once out is decided
 
 	mu        sync.Mutex
-	att       ledger.Attempt
-	provider  int
-	headers   bool // the current attempt's answer has headers
-	timedOut  bool // the client was told 504: no failover, job unknown
-	streaming bool // the answer is passing through to the client
+	current   ledger.Attempt  // the attempt attempt_timeout watches
+	running   map[string]bool // running attempts: id → headers arrived
+	attempts  map[string]ledger.Attempt
+	anyHeader bool // some attempt of this run has answer headers
+	timedOut  bool // the client was told 504: no failover, no hedge
+	streaming bool // an answer is passing through to the client
+	decided   bool
 	out       final
+}
+
+func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w http.ResponseWriter, first ledger.Attempt) *runner {
+	return &runner{
+		m: m, base: base, next: next, body: body,
+		client:   &client{w: w},
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		current:  first, // known before the runner starts, for an early timeout
+		running:  map[string]bool{},
+		attempts: map[string]ledger.Attempt{},
+	}
 }
 
 func (rn *runner) notify() {
@@ -82,24 +82,48 @@ func (rn *runner) notify() {
 	}
 }
 
-// current returns the running attempt and whether its headers arrived.
-func (rn *runner) current() (ledger.Attempt, bool) {
+// watched returns the attempt attempt_timeout watches and whether any
+// answer headers arrived.
+func (rn *runner) watched() (ledger.Attempt, bool) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	return rn.att, rn.headers
+	return rn.current, rn.anyHeader
+}
+
+// decide sets the client's outcome, once.
+func (rn *runner) decide(out final) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if rn.decided {
+		return
+	}
+	rn.decided, rn.out = true, out
+	close(rn.done)
 }
 
 // timeout is called by the client's goroutine when attempt_timeout passed
-// without headers. It reports false when headers won the race.
+// without answer headers: every running attempt without headers becomes
+// unknown. It reports false when headers (or the outcome) won the race.
 func (rn *runner) timeout(att ledger.Attempt) bool {
 	rn.mu.Lock()
-	if rn.headers || rn.att.ID != att.ID {
+	if rn.anyHeader || rn.decided || rn.current.ID != att.ID {
 		rn.mu.Unlock()
 		return false
 	}
 	rn.timedOut = true
+	var stale []ledger.Attempt
+	for id, headers := range rn.running {
+		if !headers {
+			stale = append(stale, rn.attempts[id])
+		}
+	}
+	if len(rn.running) == 0 {
+		stale = append(stale, att) // the runner has not started it yet
+	}
 	rn.mu.Unlock()
-	rn.m.markUnknown(att, "attempt_timeout: no answer headers in "+rn.m.cfg.AttemptTimeout.String())
+	for _, a := range stale {
+		rn.m.markUnknown(a, "attempt_timeout: no answer headers in "+rn.m.cfg.AttemptTimeout.String())
+	}
 	return true
 }
 
@@ -115,33 +139,209 @@ func (rn *runner) leave() bool {
 	return true
 }
 
-func (rn *runner) run(att ledger.Attempt, provider int, release func()) {
+// hedging reports whether more than one attempt is running.
+func (rn *runner) hedging() bool {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	return len(rn.running) > 1
+}
+
+func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	defer release()
-	defer close(rn.done)
 	m := rn.m
-	for {
+	pol := &m.policy
+	results := make(chan result, len(pol.Providers)+1)
+	launch := func(att ledger.Attempt, p int) {
 		rn.mu.Lock()
-		rn.att, rn.provider, rn.headers = att, provider, false
+		rn.running[att.ID] = false
+		rn.attempts[att.ID] = att
 		rn.mu.Unlock()
-		rn.notify()
-		out, next := rn.attempt(att, provider)
-		if next == nil {
-			rn.mu.Lock()
-			rn.out = out
-			rn.mu.Unlock()
-			return
+		go func() { results <- rn.attempt(att, p) }()
+	}
+	var (
+		hedge  *time.Timer
+		hedgeC <-chan time.Time
+	)
+	armHedge := func(from int) {
+		if _, ok := pol.Hedge(from); ok {
+			hedge = time.NewTimer(pol.HedgeAfter)
+			hedgeC = hedge.C
 		}
-		att, provider = *next, provider+1
-		m.cfg.Logger.Info("failover", zap.String("job_id", att.JobID),
-			zap.Int("attempt", att.Number), zap.String("provider", att.Provider), zap.String("after", out.reason))
+	}
+	defer func() {
+		if hedge != nil {
+			hedge.Stop()
+		}
+	}()
+
+	latest := provider // the last provider tried: failover and hedges go past it
+	launch(first, provider)
+	armHedge(provider)
+	var (
+		lastFailure *result
+		lastUnknown *result
+	)
+	for pending := 1; pending > 0; {
+		select {
+		case <-hedgeC:
+			hedgeC = nil
+			if next, att, ok := rn.startHedge(latest); ok {
+				latest = next
+				pending++
+				launch(att, next)
+			}
+		case res := <-results:
+			pending--
+			rn.mu.Lock()
+			delete(rn.running, res.att.ID)
+			decided, timedOut := rn.decided, rn.timedOut
+			rn.mu.Unlock()
+			p := pol.Providers[res.provider]
+			switch {
+			case res.committed != nil:
+				if res.verdict == fallback.Failed {
+					m.cfg.Observer.Attempt(p, "failed")
+					if _, err := m.fail(res.att, res.reason, nil); err != nil {
+						res.committed.storeErr = err
+					}
+				}
+				rn.decide(*res.committed)
+			case res.verdict == fallback.Result:
+				rn.decide(rn.complete(res.att, p, res.answer))
+			case res.verdict == fallback.Failed:
+				m.cfg.Observer.Attempt(p, "failed")
+				lastFailure = &res
+				var next *ledger.NextAttempt
+				nextIdx := 0
+				if pending == 0 && !decided && !timedOut {
+					if i, ok := pol.Failover(latest, res.reason); ok {
+						next = &ledger.NextAttempt{Provider: pol.Providers[i], Lease: m.cfg.AttemptDeadline}
+						nextIdx = i
+					}
+				}
+				if na, _ := m.fail(res.att, res.reason, next); na != nil {
+					m.cfg.Logger.Info("failover", zap.String("job_id", na.JobID), zap.String("from_attempt_id", res.att.ID),
+						zap.String("attempt_id", na.ID), zap.String("provider", na.Provider), zap.String("after", res.reason))
+					rn.mu.Lock()
+					rn.current = *na
+					rn.mu.Unlock()
+					rn.notify()
+					latest = nextIdx
+					pending++
+					launch(*na, nextIdx)
+					armHedge(nextIdx)
+				}
+			default:
+				m.cfg.Observer.Attempt(p, "unknown")
+				m.markUnknown(res.att, res.reason)
+				lastUnknown = &res
+			}
+		}
+	}
+	// Every attempt has ended without a result for the client.
+	switch {
+	case lastUnknown != nil:
+		rn.decide(final{verdict: fallback.Unknown, reason: lastUnknown.reason, status: lastUnknown.status})
+	case lastFailure != nil:
+		out := final{verdict: fallback.Failed, reason: lastFailure.reason}
+		if lastFailure.answer != nil && lastFailure.answer.Status != 0 {
+			out.answer = lastFailure.answer
+		}
+		rn.decide(out)
+	default:
+		rn.decide(final{verdict: fallback.Unknown, reason: "no attempt finished", status: http.StatusBadGateway})
 	}
 }
 
-// attempt sends one attempt and records its outcome. It returns the next
-// attempt when the job fails over.
-func (rn *runner) attempt(att ledger.Attempt, provider int) (final, *ledger.Attempt) {
+// startHedge starts a concurrent attempt on the provider after latest, when
+// the watched attempt still has no answer headers.
+func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 	m := rn.m
-	p := m.cfg.Providers[provider]
+	rn.mu.Lock()
+	skip := rn.anyHeader || rn.decided || rn.timedOut || len(rn.running) == 0
+	cur := rn.current
+	rn.mu.Unlock()
+	next, ok := m.policy.Hedge(latest)
+	if skip || !ok {
+		return 0, ledger.Attempt{}, false
+	}
+	ctx, cancel := m.ledgerCtx()
+	defer cancel()
+	start := time.Now()
+	att, err := m.cfg.Ledger.Hedge(ctx, cur.Ref(), ledger.NextAttempt{Provider: m.policy.Providers[next], Lease: m.cfg.AttemptDeadline})
+	m.cfg.Observer.LedgerOp("hedge", time.Since(start))
+	if err != nil {
+		if !errors.Is(err, ledger.ErrStale) {
+			m.cfg.Logger.Error("hedge not started", zap.String("job_id", cur.JobID), zap.Error(err))
+		}
+		return 0, ledger.Attempt{}, false
+	}
+	m.cfg.Logger.Info("hedge started", zap.String("job_id", att.JobID), zap.String("attempt_id", att.ID),
+		zap.String("provider", att.Provider), zap.String("hedged_attempt_id", cur.ID))
+	return next, att, true
+}
+
+// attemptHooks connect an attempt's capture to the runner.
+type attemptHooks struct {
+	rn        *runner
+	att       ledger.Attempt
+	provider  int
+	committed *final
+}
+
+func (h *attemptHooks) headers(*capture) {
+	rn := h.rn
+	rn.mu.Lock()
+	if _, ok := rn.running[h.att.ID]; ok {
+		rn.running[h.att.ID] = true
+	}
+	rn.anyHeader = true
+	rn.mu.Unlock()
+	rn.notify()
+}
+
+// commit decides about an answer that must go out before it ends. A result
+// takes the slot by CAS now and goes to the client; so does a definitive
+// failure no other provider will follow. While a hedge runs, a stream is
+// buffered until it has won; an answer past max_response_body is committed
+// regardless.
+func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool) {
+	rn, m := h.rn, h.rn.m
+	if !overflow && rn.hedging() {
+		return nil, false, false
+	}
+	v, reason := m.policy.FailoverOn.Classify(fallback.Answer{Status: c.status})
+	head := &ledger.Response{Status: c.status, Header: storedHeader(c.header), Size: -1}
+	switch v {
+	case fallback.Result:
+		out := rn.complete(h.att, m.policy.Providers[h.provider], head)
+		if out.won || out.storeErr != nil {
+			out.sent = rn.startStream(h.att, c)
+		}
+		h.committed = &out
+		if out.sent {
+			return rn.client, out.won, true
+		}
+		return nil, out.won, true
+	case fallback.Failed:
+		if _, more := m.policy.Failover(h.provider, reason); more || rn.hedging() {
+			return nil, false, overflow
+		}
+		out := final{verdict: fallback.Failed, reason: reason, answer: head}
+		out.sent = rn.startStream(h.att, c)
+		h.committed = &out
+		if out.sent {
+			return rn.client, false, true
+		}
+		return nil, false, true
+	}
+	return nil, false, overflow
+}
+
+// attempt sends one attempt and reports how it ended. Results that were
+// committed early are recorded here; the rest by the run loop.
+func (rn *runner) attempt(att ledger.Attempt, provider int) result {
+	m := rn.m
 	m.cfg.Observer.InFlight(1)
 	defer m.cfg.Observer.InFlight(-1)
 
@@ -159,21 +359,9 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) (final, *ledger.Atte
 	}
 	req.GetBody = nil
 
-	var committed *final // set when an overflowing answer took the slot early
-	c := newCapture(m.cfg.MaxResponseBody, func() {
-		rn.mu.Lock()
-		rn.headers = true
-		rn.mu.Unlock()
-		rn.notify()
-	}, func(c *capture) io.Writer {
-		committed = rn.overflow(att, provider, c)
-		if committed != nil && committed.sent {
-			return rn.client
-		}
-		return nil
-	})
-
-	h := p.Handler
+	hooks := &attemptHooks{rn: rn, att: att, provider: provider}
+	c := newCapture(m.cfg.MaxResponseBody, hooks)
+	h := m.cfg.Providers[provider].Handler
 	if h == nil {
 		h = rn.next
 	}
@@ -191,52 +379,44 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) (final, *ledger.Atte
 		// body, as net/http sends it; status 0 cannot be written or replayed.
 		c.WriteHeader(http.StatusOK)
 	}
-	status := c.status
-	v, reason := m.classify(status, err, cut)
-
-	if committed != nil {
-		return rn.finishOverflow(att, c, *committed, v, reason), nil
+	ans := fallback.Answer{Status: c.status, Err: err, Cut: cut}
+	if err != nil && !c.wrote {
+		ans.Connect = m.cfg.IsConnectError(err)
 	}
+	v, reason := m.policy.FailoverOn.Classify(ans)
+	res := result{att: att, provider: provider, verdict: v, reason: reason}
 
-	answer := &ledger.Response{Status: status, Header: storedHeader(c.header), Body: c.buf.Bytes(), Size: c.size, Stored: true}
-	switch v {
-	case verdictResult:
-		return rn.complete(att, p.Name, answer), nil
-	case verdictFailed:
-		rn.mu.Lock()
-		timedOut := rn.timedOut
-		rn.mu.Unlock()
-		var next *ledger.NextAttempt
-		if provider+1 < len(m.cfg.Providers) && !timedOut && m.failsOver(reason) {
-			next = &ledger.NextAttempt{Provider: m.cfg.Providers[provider+1].Name, Lease: m.cfg.AttemptDeadline}
+	if hc := hooks.committed; hc != nil {
+		if hc.won {
+			stored := c.recording && !c.truncated && !cut
+			var body []byte
+			if stored {
+				body = c.buf.Bytes()
+			}
+			if err := m.saveBody(att, body, c.size, stored); err != nil {
+				m.cfg.Logger.Error("streamed answer not recorded", zap.String("job_id", att.JobID), zap.Error(err))
+			}
+			if !stored {
+				m.cfg.Logger.Warn("answer sent before it ended was not stored", zap.String("job_id", att.JobID),
+					zap.String("attempt_id", att.ID), zap.Int64("size", c.size), zap.Bool("cut_short", cut))
+			}
 		}
-		m.cfg.Observer.Attempt(p.Name, "failed")
-		na, ferr := m.fail(att, reason, next)
-		if ferr == nil && na != nil {
-			return final{}, na
+		if hc.verdict == fallback.Failed {
+			res.verdict, res.reason = fallback.Failed, hc.reason
+		} else {
+			res.verdict = fallback.Result
 		}
-		out := final{verdict: verdictFailed, reason: reason, storeErr: ferr}
-		if status != 0 {
-			out.answer = answer
-		}
-		return out, nil
-	default:
-		m.cfg.Observer.Attempt(p.Name, "unknown")
-		m.markUnknown(att, reason)
-		ps := http.StatusBadGateway
+		res.committed = hc
+		return res
+	}
+	res.answer = &ledger.Response{Status: c.status, Header: storedHeader(c.header), Body: c.buf.Bytes(), Size: c.size, Stored: true}
+	if v == fallback.Unknown {
+		res.status = http.StatusBadGateway
 		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-			ps = http.StatusGatewayTimeout
+			res.status = http.StatusGatewayTimeout
 		}
-		return final{verdict: verdictUnknown, reason: reason, status: ps}, nil
 	}
-}
-
-// failsOver reports whether a definitive failure lets the next provider try.
-func (m *Middleware) failsOver(reason string) bool {
-	if reason == "connect_error" {
-		return m.cfg.FailoverOn.ConnectError
-	}
-	return true // a status in failover_on
+	return res
 }
 
 // complete offers an answer to the job by CAS.
@@ -250,13 +430,13 @@ func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.R
 		m.cfg.Logger.Error("result not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
 		m.cfg.Observer.Attempt(provider, "unknown")
-		return final{verdict: verdictResult, answer: answer, storeErr: err}
+		return final{verdict: fallback.Result, answer: answer, storeErr: err}
 	case c.Won:
 		m.cfg.Observer.Attempt(provider, "succeeded")
-		return final{verdict: verdictResult, answer: answer, won: true}
+		return final{verdict: fallback.Result, answer: answer, won: true}
 	}
 	m.lost(att, c.Job, provider)
-	return final{verdict: verdictResult, answer: answer, job: c.Job}
+	return final{verdict: fallback.Result, answer: answer, job: c.Job}
 }
 
 func (m *Middleware) lost(att ledger.Attempt, j *ledger.Job, provider string) {
@@ -267,32 +447,8 @@ func (m *Middleware) lost(att ledger.Attempt, j *ledger.Job, provider string) {
 		winner = j.CompletedBy
 	}
 	m.cfg.Logger.Warn("result discarded: the attempt lost the race", zap.String("job_id", att.JobID),
-		zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number), zap.String("winner_attempt_id", winner))
-}
-
-// overflow handles an answer larger than max_response_body, before any of
-// it goes out: a result takes the slot by CAS now, unstored, and streams to
-// the client; a final definitive failure streams as is; anything else is
-// dropped.
-func (rn *runner) overflow(att ledger.Attempt, provider int, c *capture) *final {
-	m := rn.m
-	v, reason := m.classify(c.status, nil, false)
-	last := provider+1 >= len(m.cfg.Providers)
-	switch {
-	case v == verdictResult:
-		head := ledger.Response{Status: c.status, Header: storedHeader(c.header), Size: -1}
-		out := rn.complete(att, m.cfg.Providers[provider].Name, &head)
-		out.answer = &head
-		if out.won || out.storeErr != nil {
-			out.sent = rn.startStream(att, c)
-		}
-		return &out
-	case v == verdictFailed && last:
-		out := final{verdict: verdictFailed, reason: reason}
-		out.sent = rn.startStream(att, c)
-		return &out
-	}
-	return nil
+		zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number), zap.String("provider", provider),
+		zap.String("winner_attempt_id", winner))
 }
 
 // startStream sends the answer's headers to the client, if it is still
@@ -300,7 +456,7 @@ func (rn *runner) overflow(att ledger.Attempt, provider int, c *capture) *final 
 func (rn *runner) startStream(att ledger.Attempt, c *capture) bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	if rn.timedOut || !rn.client.tryLock() {
+	if rn.timedOut || rn.decided || !rn.client.tryLock() {
 		return false
 	}
 	defer rn.client.mu.Unlock()
@@ -312,27 +468,6 @@ func (rn *runner) startStream(att ledger.Attempt, c *capture) bool {
 	h.Set(HeaderJobID, att.JobID)
 	rn.client.w.WriteHeader(c.status)
 	return true
-}
-
-// finishOverflow records the end of an answer that took the slot early.
-func (rn *runner) finishOverflow(att ledger.Attempt, c *capture, out final, v verdict, reason string) final {
-	m := rn.m
-	if out.won {
-		if err := m.saveBody(att, c.size); err != nil {
-			m.cfg.Logger.Error("answer size not recorded", zap.String("job_id", att.JobID), zap.Error(err))
-		}
-		if v == verdictUnknown {
-			m.cfg.Logger.Warn("answer cut short after it won: not stored", zap.String("job_id", att.JobID),
-				zap.String("attempt_id", att.ID), zap.String("reason", reason))
-		}
-	}
-	if out.verdict == verdictFailed {
-		m.cfg.Observer.Attempt(m.cfg.Providers[len(m.cfg.Providers)-1].Name, "failed")
-		if _, err := m.fail(att, out.reason, nil); err != nil {
-			out.storeErr = err
-		}
-	}
-	return out
 }
 
 // serve calls h, turning a panic into a value.

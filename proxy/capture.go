@@ -8,24 +8,37 @@ import (
 )
 
 // capture is the ResponseWriter an attempt's handler writes to. It buffers
-// the answer up to max bytes; past that it calls overflow once, which
-// decides where the rest goes (the client, or nowhere), so that an answer
-// is never held whole in memory beyond max.
+// the answer, up to max bytes, until it has ended. An answer that must go
+// out before it ends — a stream (text/event-stream, or a flush), or one
+// larger than max — is offered to commit first: once committed, the rest
+// goes to the writer commit chose (the client, or nowhere), and is still
+// recorded up to max when commit asks for it.
 type capture struct {
-	header     http.Header
-	status     int
-	wrote      bool
-	onHeader   func() // called once, at the first final status
-	buf        bytes.Buffer
-	size       int64
-	max        int64
-	overflow   func(c *capture) io.Writer
-	out        io.Writer // set once overflowed; nil discards
-	overflowed bool
+	header    http.Header
+	status    int
+	wrote     bool
+	buf       bytes.Buffer
+	size      int64
+	max       int64
+	hooks     captureHooks
+	committed bool
+	out       io.Writer // once committed: where the answer goes; nil drops it
+	recording bool      // once committed: still recording into buf
+	truncated bool      // a part of the answer was not recorded
 }
 
-func newCapture(max int64, onHeader func(), overflow func(*capture) io.Writer) *capture {
-	return &capture{header: make(http.Header), max: max, onHeader: onHeader, overflow: overflow}
+// captureHooks connects a capture to its attempt.
+type captureHooks interface {
+	// headers is called once, at the answer's final status.
+	headers(c *capture)
+	// commit is offered an answer that must go out before it ends. It
+	// returns where the answer goes and whether to keep recording it; ok
+	// false (only allowed when !overflow) keeps buffering.
+	commit(c *capture, overflow bool) (out io.Writer, record, ok bool)
+}
+
+func newCapture(max int64, hooks captureHooks) *capture {
+	return &capture{header: make(http.Header), max: max, hooks: hooks}
 }
 
 func (c *capture) Header() http.Header { return c.header }
@@ -35,7 +48,30 @@ func (c *capture) WriteHeader(code int) {
 		return // informational answers are not recorded
 	}
 	c.wrote, c.status = true, code
-	c.onHeader()
+	c.hooks.headers(c)
+	if isEventStream(c.header) {
+		c.tryCommit(false)
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return len(ct) >= 17 && bytes.EqualFold([]byte(ct[:17]), []byte("text/event-stream"))
+}
+
+func (c *capture) tryCommit(overflow bool) {
+	out, record, ok := c.hooks.commit(c, overflow)
+	if !ok && !overflow {
+		return
+	}
+	c.committed, c.out, c.recording = true, out, record && !overflow
+	if out != nil && c.buf.Len() > 0 {
+		out.Write(c.buf.Bytes())
+	}
+	if !c.recording {
+		c.buf = bytes.Buffer{}
+		c.truncated = true
+	}
 }
 
 func (c *capture) Write(p []byte) (int, error) {
@@ -43,25 +79,35 @@ func (c *capture) Write(p []byte) (int, error) {
 		c.WriteHeader(http.StatusOK)
 	}
 	c.size += int64(len(p))
-	if !c.overflowed && int64(c.buf.Len()+len(p)) > c.max {
-		c.overflowed = true
-		c.out = c.overflow(c)
-		if c.out != nil {
-			c.out.Write(c.buf.Bytes())
-		}
-		c.buf = bytes.Buffer{}
+	if !c.committed && int64(c.buf.Len()+len(p)) > c.max {
+		c.tryCommit(true)
 	}
-	if c.overflowed {
-		if c.out != nil {
-			c.out.Write(p)
-		}
-		return len(p), nil
+	if !c.committed {
+		return c.buf.Write(p)
 	}
-	return c.buf.Write(p)
+	if c.out != nil {
+		c.out.Write(p)
+	}
+	if c.recording {
+		if int64(c.buf.Len()+len(p)) > c.max {
+			c.recording, c.truncated = false, true
+			c.buf = bytes.Buffer{}
+		} else {
+			c.buf.Write(p)
+		}
+	}
+	return len(p), nil
 }
 
-// Flush passes a flush through when the answer goes to the client.
+// Flush marks a streamed answer: it is offered to commit, and once it goes
+// to the client, the flush goes through.
 func (c *capture) Flush() {
+	if !c.wrote {
+		c.WriteHeader(http.StatusOK)
+	}
+	if !c.committed {
+		c.tryCommit(false)
+	}
 	if f, ok := c.out.(http.Flusher); ok {
 		f.Flush()
 	}

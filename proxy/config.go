@@ -10,12 +10,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -51,39 +51,14 @@ type Provider struct {
 }
 
 // FailoverOn names the answers that show a provider did not act on a
-// request: a definitive failure.
-type FailoverOn struct {
-	ConnectError bool
-	Statuses     map[int]bool
-	// Contract: answers that break the route's contract (for contracts).
-	Contract bool
-}
+// request (see package fallback).
+type FailoverOn = fallback.FailoverOn
 
 // DefaultFailoverOn is connect_error 429 503.
-func DefaultFailoverOn() FailoverOn {
-	return FailoverOn{ConnectError: true, Statuses: map[int]bool{429: true, 503: true}}
-}
+func DefaultFailoverOn() FailoverOn { return fallback.DefaultFailoverOn() }
 
-// ParseFailoverOn parses the words of failover_on: status codes and
-// connect_error (contract is accepted for later use by contracts).
-func ParseFailoverOn(words []string) (FailoverOn, error) {
-	f := FailoverOn{Statuses: map[int]bool{}}
-	for _, w := range words {
-		switch w {
-		case "connect_error":
-			f.ConnectError = true
-		case "contract":
-			f.Contract = true
-		default:
-			code, err := strconv.Atoi(w)
-			if err != nil || code < 100 || code > 599 {
-				return f, fmt.Errorf("failover_on: %q is not connect_error, contract or a status code", w)
-			}
-			f.Statuses[code] = true
-		}
-	}
-	return f, nil
-}
+// ParseFailoverOn parses the words of failover_on.
+func ParseFailoverOn(words []string) (FailoverOn, error) { return fallback.ParseFailoverOn(words) }
 
 // Observer receives counts for metrics. Every method must be cheap and safe
 // for concurrent use.
@@ -151,6 +126,13 @@ type Config struct {
 	FailoverOn FailoverOn
 	// Providers are tried in order; empty means the next handler.
 	Providers []Provider
+	// HedgeAfter starts a concurrent attempt on the next provider when the
+	// running one has sent no answer headers for that long; 0 is off. Only
+	// for side-effect-free providers.
+	HedgeAfter time.Duration
+	// Eligible reports whether failover or a hedge may go to provider i
+	// (for example, its latest probe passed); nil: every provider may.
+	Eligible func(i int) bool
 
 	// IsConnectError reports whether a handler error means the request was
 	// never sent (dial or TLS handshake failure, no upstream available).

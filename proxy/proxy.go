@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -21,6 +22,7 @@ const ledgerTimeout = 15 * time.Second
 // Middleware is the idempotent request flow.
 type Middleware struct {
 	cfg    Config
+	policy fallback.Policy
 	fp     fingerprinter
 	hasher Hasher
 }
@@ -30,8 +32,18 @@ func New(cfg Config) (*Middleware, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	names := make([]string, len(cfg.Providers))
+	for i, p := range cfg.Providers {
+		names[i] = p.Name
+	}
 	return &Middleware{
-		cfg:    cfg,
+		cfg: cfg,
+		policy: fallback.Policy{
+			Providers:  names,
+			FailoverOn: cfg.FailoverOn,
+			HedgeAfter: cfg.HedgeAfter,
+			Eligible:   cfg.Eligible,
+		},
 		fp:     fingerprinter{mode: cfg.Fingerprint, headers: cfg.FingerprintHeaders},
 		hasher: NewHasher(cfg.OwnerSecret),
 	}, nil
@@ -190,26 +202,14 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 // come within attempt_timeout.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handler, res ledger.Reservation, body []byte) error {
 	base := r.WithContext(context.WithoutCancel(r.Context()))
-	rn := &runner{
-		m:      m,
-		base:   base,
-		next:   next,
-		body:   body,
-		client: &client{w: w},
-		wake:   make(chan struct{}, 1),
-		done:   make(chan struct{}),
-		// Known before the runner starts, so that a timeout that fires
-		// first still marks this attempt unknown.
-		att: *res.Attempt,
-	}
-	provider := max(slices.IndexFunc(m.cfg.Providers, func(p Provider) bool { return p.Name == res.Attempt.Provider }), 0)
-	go rn.run(*res.Attempt, provider, m.cfg.Hold())
+	rn := newRunner(m, base, next, body, w, *res.Attempt)
+	go rn.run(*res.Attempt, m.policy.Index(res.Attempt.Provider), m.cfg.Hold())
 
 	timer := time.NewTimer(m.cfg.AttemptTimeout)
 	defer timer.Stop()
 	watched := ""
 	for {
-		att, headers := rn.current()
+		att, headers := rn.watched()
 		if att.ID != watched && att.ID != "" {
 			watched = att.ID
 			timer.Reset(m.cfg.AttemptTimeout)
@@ -249,7 +249,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 		return
 	}
 	switch out.verdict {
-	case verdictResult:
+	case fallback.Result:
 		if out.won || out.storeErr != nil {
 			writeAnswer(w, out.answer, jobID, false)
 			return
@@ -262,7 +262,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 		problem(http.StatusConflict, ProblemOutcomeUnknown, "Result discarded").
 			withDetail("The job was settled otherwise while this attempt ran; its result was discarded.").
 			withJob(jobID).Write(w)
-	case verdictFailed:
+	case fallback.Failed:
 		if out.answer != nil {
 			writeAnswer(w, out.answer, jobID, false)
 			return
@@ -425,8 +425,11 @@ func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
 	}
 }
 
-func (m *Middleware) saveBody(att ledger.Attempt, size int64) error {
+func (m *Middleware) saveBody(att ledger.Attempt, body []byte, size int64, stored bool) error {
 	ctx, cancel := m.ledgerCtx()
 	defer cancel()
-	return m.cfg.Ledger.SaveBody(ctx, att.Ref(), nil, size, false)
+	start := time.Now()
+	err := m.cfg.Ledger.SaveBody(ctx, att.Ref(), body, size, stored)
+	m.cfg.Observer.LedgerOp("save_body", time.Since(start))
+	return err
 }
