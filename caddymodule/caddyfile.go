@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -22,7 +23,7 @@ func init() {
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
-	err := m.UnmarshalCaddyfile(h.Dispenser)
+	err := m.unmarshal(h.Dispenser, &h)
 	return m, err
 }
 
@@ -43,9 +44,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		attempt_timeout <duration>
 //		attempt_deadline <duration>
 //		in_flight wait [<duration>] | reject
-//		failover_on <status|connect_error...>
+//		failover_on <status|connect_error|contract...>
+//		hedge_after <duration>
+//		provider <name> {
+//			<handler directives, e.g. reverse_proxy ...>
+//		}
 //	}
+//
+// Provider blocks need the Caddyfile adapter (they are parsed as
+// subroutes); everything else can be unmarshaled on its own.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return h.unmarshal(d, nil)
+}
+
+func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper) error {
 	d.Next() // the directive name
 	if d.NextArg() {
 		return d.ArgErr()
@@ -53,6 +65,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
+		if name == "provider" {
+			if err := h.parseProvider(d, helper); err != nil {
+				return err
+			}
+			continue
+		}
 		if seen[name] {
 			return d.Errf("duplicate subdirective %q", name)
 		}
@@ -103,6 +121,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.AttemptDeadline, err = duration(d, args)
 		case "in_flight":
 			err = h.parseInFlight(d, args)
+		case "hedge_after":
+			h.HedgeAfter, err = duration(d, args)
 		case "failover_on":
 			if len(args) == 0 {
 				return d.ArgErr()
@@ -178,6 +198,46 @@ func (h *Handler) parseLedger(d *caddyfile.Dispenser, args []string) error {
 		return d.Errf("unknown ledger %q (want memory or postgres)", args[0])
 	}
 	h.LedgerRaw = caddyconfig.JSONModuleObject(mod, "backend", mod.CaddyModule().ID.Name(), nil)
+	return nil
+}
+
+// parseProvider parses `provider <name> { <directives> }` as a subroute:
+// the name is taken off the segment, whose block is then ordinary handler
+// directives.
+func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper) error {
+	line := d.Line()
+	seg := d.NextSegment()
+	if len(seg) < 2 || seg[1].Text == "{" {
+		return d.Errf("usage: provider <name> { <handler directives> }")
+	}
+	name := seg[1].Text
+	if len(seg) < 3 || seg[2].Text != "{" {
+		return d.Errf("provider %s: expected a block of handler directives after the name", name)
+	}
+	if helper == nil {
+		return d.Errf("provider blocks need the Caddyfile adapter")
+	}
+	for _, p := range h.Providers {
+		if p.Name == name {
+			return d.Errf("provider %q is defined twice", name)
+		}
+	}
+	for _, tok := range seg[3:] {
+		if tok.Text == "retry_match" {
+			return fmt.Errorf("provider %s: reverse_proxy retry_match re-sends requests the ledger never saw; it is not allowed inside a provider, at %s:%d",
+				name, tok.File, tok.Line)
+		}
+	}
+	tokens := append(caddyfile.Segment{seg[0]}, seg[2:]...)
+	sub, err := httpcaddyfile.ParseSegmentAsSubroute(helper.WithDispenser(caddyfile.NewDispenser(tokens)))
+	if err != nil {
+		return err
+	}
+	sr, ok := sub.(*caddyhttp.Subroute)
+	if !ok {
+		return fmt.Errorf("provider %s (line %d): unexpected handler %T", name, line, sub)
+	}
+	h.Providers = append(h.Providers, &Provider{Name: name, Routes: sr.Routes})
 	return nil
 }
 

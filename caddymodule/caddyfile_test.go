@@ -136,3 +136,98 @@ func TestAdaptErrorHasLine(t *testing.T) {
 		t.Errorf("error = %v, want one naming Caddyfile:4 and the subdirective", err)
 	}
 }
+
+func adapt(t *testing.T, in string) ([]byte, error) {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(caddyfile.Format([]byte(in)), map[string]any{"filename": "Caddyfile"})
+	return out, err
+}
+
+func TestAdaptProviders(t *testing.T) {
+	out, err := adapt(t, `:8080 {
+	idempotency {
+		hedge_after 250ms
+		failover_on connect_error 503
+		provider primary {
+			reverse_proxy 127.0.0.1:9001 {
+				transport http {
+					keepalive_idle_conns_per_host 64
+				}
+			}
+		}
+		provider fallback {
+			header_up_placeholder_is_not_a_directive_here
+		}
+	}
+}`)
+	if err == nil {
+		t.Fatalf("an unknown directive inside a provider was accepted: %s", out)
+	}
+	out, err = adapt(t, `:8080 {
+	idempotency {
+		hedge_after 250ms
+		provider primary {
+			reverse_proxy 127.0.0.1:9001
+		}
+		provider fallback {
+			rewrite * /v2{uri}
+			reverse_proxy 127.0.0.1:9002
+		}
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []struct {
+						Handle []struct {
+							Handler    string `json:"handler"`
+							HedgeAfter int64  `json:"hedge_after"`
+							Providers  []struct {
+								Name   string            `json:"name"`
+								Routes []json.RawMessage `json:"routes"`
+							} `json:"providers"`
+						} `json:"handle"`
+					} `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	h := cfg.Apps.HTTP.Servers["srv0"].Routes[0].Handle[0]
+	if h.Handler != "idempotency" || h.HedgeAfter != 250e6 || len(h.Providers) != 2 ||
+		h.Providers[0].Name != "primary" || h.Providers[1].Name != "fallback" {
+		t.Fatalf("adapted handler: %s", out)
+	}
+	if !strings.Contains(string(h.Providers[0].Routes[0]), `"upstreams":[{"dial":"127.0.0.1:9001"}]`) {
+		t.Errorf("primary routes: %s", h.Providers[0].Routes[0])
+	}
+	// rewrite orders before reverse_proxy inside the provider, as in a site.
+	fb := string(h.Providers[1].Routes[0]) + string(h.Providers[1].Routes[1])
+	if strings.Index(fb, `"rewrite"`) > strings.Index(fb, `"reverse_proxy"`) {
+		t.Errorf("fallback routes out of order: %s", fb)
+	}
+}
+
+func TestAdaptProviderErrors(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"retry_match", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1 {\n\t\t\t\tlb_retries 2\n\t\t\t\tretry_match {\n\t\t\t\t\tmethod POST\n\t\t\t\t}\n\t\t\t}\n\t\t}\n\t}\n}\n",
+			"it is not allowed inside a provider, at Caddyfile:6"},
+		{"no name", ":8080 {\n\tidempotency {\n\t\tprovider {\n\t\t\treverse_proxy 127.0.0.1:1\n\t\t}\n\t}\n}\n", "usage: provider <name>"},
+		{"no block", ":8080 {\n\tidempotency {\n\t\tprovider a\n\t}\n}\n", "expected a block"},
+		{"twice", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1\n\t\t}\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:2\n\t\t}\n\t}\n}\n", `provider "a" is defined twice`},
+		{"bad hedge", ":8080 {\n\tidempotency {\n\t\thedge_after soon\n\t}\n}\n", `invalid duration "soon", at Caddyfile:3`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := adapt(t, tc.in)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -89,8 +89,19 @@ type Handler struct {
 	InFlightWait caddy.Duration `json:"in_flight_wait,omitempty"`
 
 	// FailoverOn names the answers that show a provider did not act on a
-	// request: status codes and connect_error. Default connect_error 429 503.
+	// request: status codes, connect_error and contract. Default
+	// connect_error 429 503.
 	FailoverOn []string `json:"failover_on,omitempty"`
+
+	// HedgeAfter starts a concurrent attempt on the next provider when the
+	// running one has sent no answer headers for this long. Off unless
+	// set; only for side-effect-free providers.
+	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
+
+	// Providers are tried in the order given, the first being the
+	// primary. Each is a list of routes, usually ending in reverse_proxy.
+	// With none, the rest of the route is the single provider.
+	Providers []*Provider `json:"providers,omitempty"`
 
 	ledger LedgerModule
 	mw     *proxy.Middleware
@@ -117,7 +128,25 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.ledger = mod.(LedgerModule)
 
+	var providers []proxy.Provider
+	for i, p := range h.Providers {
+		if p.Name == "" {
+			return fmt.Errorf("provider %d has no name", i+1)
+		}
+		for _, q := range h.Providers[:i] {
+			if q.Name == p.Name {
+				return fmt.Errorf("provider %q is defined twice", p.Name)
+			}
+		}
+		if err := p.provision(ctx); err != nil {
+			return err
+		}
+		providers = append(providers, proxy.Provider{Name: p.Name, Handler: p})
+	}
+
 	cfg := proxy.Config{
+		Providers:          providers,
+		HedgeAfter:         time.Duration(h.HedgeAfter),
 		Ledger:             h.ledger.Ledger(),
 		KeyHeader:          h.KeyHeader,
 		Methods:            append([]string(nil), h.Methods...),
@@ -201,7 +230,7 @@ const errNoUpstream = "no upstreams available"
 // left: a dial or TLS handshake failure, or no upstream available.
 func isConnectError(err error) bool {
 	var de reverseproxy.DialError
-	if errors.As(err, &de) {
+	if errors.As(err, &de) || errors.Is(err, errNoAnswer) {
 		return true
 	}
 	var he caddyhttp.HandlerError
