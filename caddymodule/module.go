@@ -103,9 +103,10 @@ type Handler struct {
 	// With none, the rest of the route is the single provider.
 	Providers []*Provider `json:"providers,omitempty"`
 
-	ledger LedgerModule
-	mw     *proxy.Middleware
-	logger *zap.Logger
+	ledger     LedgerModule
+	mw         *proxy.Middleware
+	logger     *zap.Logger
+	unregister func()
 }
 
 // CaddyModule returns the Caddy module information.
@@ -144,7 +145,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		providers = append(providers, proxy.Provider{Name: p.Name, Handler: p})
 	}
 
+	obs, err := newMetrics(ctx.GetMetricsRegistry())
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	names := []string{proxy.DefaultProvider}
+	if len(providers) > 0 {
+		names = names[:0]
+		for _, p := range providers {
+			names = append(names, p.Name)
+		}
+	}
+	h.unregister = registerProviders(names)
+
 	cfg := proxy.Config{
+		Observer:           obs,
 		Providers:          providers,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
 		Ledger:             h.ledger.Ledger(),
@@ -186,9 +201,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return err
 }
 
-// Cleanup releases the ledger module's hold, which it does itself: nothing
-// else to do here. In-flight attempts hold their own reference.
-func (h *Handler) Cleanup() error { return nil }
+// Cleanup takes the handler's providers off the admin API's list. The
+// ledger module releases its own hold; in-flight attempts hold their own
+// reference.
+func (h *Handler) Cleanup() error {
+	if h.unregister != nil {
+		h.unregister()
+	}
+	return nil
+}
 
 // ServeHTTP runs the idempotent flow in front of next.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {

@@ -1,0 +1,123 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onejob/onejob/proxy"
+)
+
+// metrics are the gateway's Prometheus collectors (SPEC section 5). Labels
+// are bounded: outcomes, providers named in the config, attempt results and
+// ledger operations; never a key or an owner.
+type metrics struct {
+	requests  *prometheus.CounterVec
+	attempts  *prometheus.CounterVec
+	racesLost prometheus.Counter
+	inFlight  prometheus.Gauge
+	ledgerOps *prometheus.HistogramVec
+}
+
+const (
+	metricsNamespace = "caddy"
+	metricsSubsystem = "idempotency"
+)
+
+// ledgerBuckets span an in-memory operation (microseconds) to a slow
+// database round trip (seconds).
+var ledgerBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// newMetrics registers the collectors on reg, or reuses the ones already
+// registered there: every handler calls it in Provision, and several
+// handlers (and the configs of a reload) share one registry.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	var (
+		m   metrics
+		err error
+	)
+	if m.requests, err = registerOrExisting(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "requests_total",
+		Help:      "Ledgered requests by outcome: new, replayed, waited, conflict, mismatch, unknown, rejected.",
+	}, []string{"outcome"})); err != nil {
+		return nil, err
+	}
+	if m.attempts, err = registerOrExisting(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "attempts_total",
+		Help:      "Finished attempts by provider and result: succeeded, lost, failed, unknown.",
+	}, []string{"provider", "result"})); err != nil {
+		return nil, err
+	}
+	if m.racesLost, err = registerOrExisting(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "races_lost_total",
+		Help:      "Results discarded because another result had already won the job.",
+	})); err != nil {
+		return nil, err
+	}
+	if m.inFlight, err = registerOrExisting(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "in_flight",
+		Help:      "Attempts running now.",
+	})); err != nil {
+		return nil, err
+	}
+	if m.ledgerOps, err = registerOrExisting(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "ledger_seconds",
+		Help:      "Duration of ledger operations, by operation.",
+		Buckets:   ledgerBuckets,
+	}, []string{"operation"})); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// registerOrExisting registers c on reg, or returns the equal collector
+// already registered there.
+func registerOrExisting[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if !errors.As(err, &are) {
+		return c, fmt.Errorf("registering metrics: %w", err)
+	}
+	existing, ok := are.ExistingCollector.(T)
+	if !ok {
+		return c, fmt.Errorf("registering metrics: existing collector is a %T, not a %T", are.ExistingCollector, c)
+	}
+	return existing, nil
+}
+
+// Request implements proxy.Observer.
+func (m *metrics) Request(outcome string) { m.requests.WithLabelValues(outcome).Inc() }
+
+// Attempt implements proxy.Observer.
+func (m *metrics) Attempt(provider, result string) {
+	m.attempts.WithLabelValues(provider, result).Inc()
+}
+
+// RaceLost implements proxy.Observer.
+func (m *metrics) RaceLost() { m.racesLost.Inc() }
+
+// InFlight implements proxy.Observer.
+func (m *metrics) InFlight(delta int) { m.inFlight.Add(float64(delta)) }
+
+// LedgerOp implements proxy.Observer.
+func (m *metrics) LedgerOp(op string, d time.Duration) {
+	m.ledgerOps.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// Interface guards
+var _ proxy.Observer = (*metrics)(nil)

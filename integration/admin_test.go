@@ -1,0 +1,202 @@
+//go:build integration
+
+package integration
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// adminJob is the admin API's job shape (SPEC section 5).
+type adminJob struct {
+	ID          string  `json:"id"`
+	State       string  `json:"state"`
+	Version     int64   `json:"version"`
+	OwnerHash   string  `json:"owner_hash"`
+	KeyHash     string  `json:"key_hash"`
+	Fingerprint string  `json:"fingerprint"`
+	CreatedAt   string  `json:"created_at"`
+	CompletedAt *string `json:"completed_at"`
+	CompletedBy *string `json:"completed_by"`
+	Response    *struct {
+		Status int   `json:"status"`
+		Size   int64 `json:"size"`
+		Stored bool  `json:"stored"`
+	} `json:"response"`
+	Attempts []struct {
+		Number     int     `json:"number"`
+		ID         string  `json:"id"`
+		Provider   string  `json:"provider"`
+		State      string  `json:"state"`
+		StartedAt  string  `json:"started_at"`
+		FinishedAt *string `json:"finished_at"`
+		Error      *string `json:"error"`
+	} `json:"attempts"`
+}
+
+func (g *gateway) adminCall(t *testing.T, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+g.admin+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (g *gateway) job(t *testing.T, id string) adminJob {
+	t.Helper()
+	status, body := g.adminCall(t, http.MethodGet, "/idempotency/jobs/"+id, "")
+	if status != http.StatusOK {
+		t.Fatalf("GET job %s: %d %s", id, status, body)
+	}
+	var j adminJob
+	if err := json.Unmarshal([]byte(body), &j); err != nil {
+		t.Fatalf("job JSON: %v: %s", err, body)
+	}
+	return j
+}
+
+// TestAdminCancelUnblocksUnknownJob: a real timeout leaves the job unknown;
+// an operator's cancel unblocks it and the retry runs attempt 2. The
+// cancelled attempt's late answer then loses.
+func TestAdminCancelUnblocksUnknownJob(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		release := make(chan struct{})
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+			if n == 1 {
+				<-release
+			}
+			io.WriteString(w, `{"attempt":"`+r.Header.Get("Idempotency-Attempt")+`"}`)
+		})
+		g := startGateway(t, b, site(up.addr()))
+		first := g.post(t, "/charges", "cancel-1", auth, `{}`)
+		jobID := first.header.Get("Idempotency-Job-Id")
+		if first.status != http.StatusGatewayTimeout {
+			t.Fatalf("timeout: %v", first)
+		}
+		j := g.job(t, jobID)
+		if j.State != "unknown" || len(j.Attempts) != 1 || j.Attempts[0].State != "unknown" || j.Attempts[0].Provider != "next" {
+			t.Fatalf("job before cancel: %+v", j)
+		}
+		if len(j.OwnerHash) != 64 || len(j.KeyHash) != 64 || strings.Contains(j.OwnerHash, "alice") {
+			t.Errorf("hashes: owner %q key %q", j.OwnerHash, j.KeyHash)
+		}
+		status, body := g.adminCall(t, http.MethodPost, "/idempotency/jobs/"+jobID+"/resolve", `{"outcome":"cancel"}`)
+		if status != http.StatusOK {
+			t.Fatalf("cancel: %d %s", status, body)
+		}
+		j = g.job(t, jobID)
+		if j.State != "failed" || j.Attempts[0].State != "cancelled" {
+			t.Errorf("job after cancel: %+v", j)
+		}
+		retry := g.post(t, "/charges", "cancel-1", auth, `{}`)
+		if retry.status != http.StatusOK || retry.body != `{"attempt":"2"}` || retry.header.Get("Idempotency-Job-Id") != jobID {
+			t.Errorf("retry after cancel: %v", retry)
+		}
+		close(release)
+		eventually(t, "the cancelled attempt's late answer is recorded as lost", func() bool {
+			return g.job(t, jobID).Attempts[0].State == "lost"
+		})
+		if again := g.post(t, "/charges", "cancel-1", auth, `{}`); again.body != `{"attempt":"2"}` {
+			t.Errorf("replay after the late answer: %v", again)
+		}
+	})
+}
+
+func TestAdminCompleteAnswersRetries(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		release := make(chan struct{})
+		defer close(release)
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) { <-release })
+		g := startGateway(t, b, site(up.addr()))
+		first := g.post(t, "/charges", "complete-1", auth, `{}`)
+		jobID := first.header.Get("Idempotency-Job-Id")
+		body := base64.StdEncoding.EncodeToString([]byte(`{"settled":"by hand"}`))
+		req := `{"outcome":"complete","response":{"status":201,"headers":{"Content-Type":["application/json"]},"body":"` + body + `"}}`
+		status, out := g.adminCall(t, http.MethodPost, "/idempotency/jobs/"+jobID+"/resolve", req)
+		if status != http.StatusOK {
+			t.Fatalf("complete: %d %s", status, out)
+		}
+		r := g.post(t, "/charges", "complete-1", auth, `{}`)
+		if r.status != http.StatusCreated || r.body != `{"settled":"by hand"}` || r.header.Get("Content-Type") != "application/json" ||
+			r.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("retry after complete: %v", r)
+		}
+		j := g.job(t, jobID)
+		if j.State != "completed" || len(j.Attempts) != 2 || j.Attempts[1].Provider != "admin" || j.CompletedBy == nil ||
+			*j.CompletedBy != j.Attempts[1].ID || j.Response == nil || j.Response.Status != 201 || !j.Response.Stored {
+			t.Errorf("job after complete: %+v", j)
+		}
+		status, out = g.adminCall(t, http.MethodPost, "/idempotency/jobs/"+jobID+"/resolve", req)
+		if status != http.StatusConflict || !strings.Contains(out, "problem") {
+			t.Errorf("second complete: %d %s", status, out)
+		}
+		if c := up.count("complete-1"); c != 1 {
+			t.Errorf("upstream called %d times", c)
+		}
+		// The listing finds it, and the provider filter too.
+		status, out = g.adminCall(t, http.MethodGet, "/idempotency/jobs?state=completed&provider=admin", "")
+		var page struct {
+			Jobs []adminJob `json:"jobs"`
+			Next *string    `json:"next"`
+		}
+		if status != http.StatusOK || json.Unmarshal([]byte(out), &page) != nil || len(page.Jobs) != 1 || page.Jobs[0].ID != jobID {
+			t.Errorf("listing: %d %s", status, out)
+		}
+	})
+}
+
+// TestMetrics scrapes Caddy's metrics endpoint after one request of each
+// outcome.
+func TestMetrics(t *testing.T) {
+	b := pgBackend(t)
+	primary := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if r.URL.Path == "/busy" {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, `{"ok":true}`)
+	})
+	fallback := newUpstream(t, answering(`{"from":"fallback"}`))
+	g := startGatewayWith(t, b, "\tmetrics\n", providers(primary.addr(), fallback.addr(), "attempt_timeout 5s", "in_flight reject"))
+	g.post(t, "/x", "m-1", auth, `{}`)      // new
+	g.post(t, "/x", "m-1", auth, `{}`)      // replayed
+	g.post(t, "/x", "m-1", auth, `{"a":1}`) // mismatch
+	g.post(t, "/busy", "m-2", auth, `{}`)   // new: primary failed, fallback succeeded
+	g.post(t, "/x", "m-3", "", `{}`)        // rejected: no owner
+	status, body := g.adminCall(t, http.MethodGet, "/metrics", "")
+	if status != http.StatusOK {
+		t.Fatalf("metrics: %d", status)
+	}
+	for _, want := range []string{
+		`caddy_idempotency_requests_total{outcome="new"} 2`,
+		`caddy_idempotency_requests_total{outcome="replayed"} 1`,
+		`caddy_idempotency_requests_total{outcome="mismatch"} 1`,
+		`caddy_idempotency_requests_total{outcome="rejected"} 1`,
+		`caddy_idempotency_attempts_total{provider="primary",result="succeeded"} 1`,
+		`caddy_idempotency_attempts_total{provider="primary",result="failed"} 1`,
+		`caddy_idempotency_attempts_total{provider="fallback",result="succeeded"} 1`,
+		`caddy_idempotency_in_flight 0`,
+		`caddy_idempotency_ledger_seconds_count{operation="reserve"} 4`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(body, "m-1") || strings.Contains(body, "alice") {
+		t.Error("a key or owner leaked into a metric label")
+	}
+}
