@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // adminJob is the admin API's job shape (SPEC section 5).
@@ -159,38 +160,72 @@ func TestAdminCompleteAnswersRetries(t *testing.T) {
 	})
 }
 
-// TestMetrics scrapes Caddy's metrics endpoint after one request of each
+// TestMetrics scrapes Caddy's metrics endpoint after requests of every
 // outcome.
 func TestMetrics(t *testing.T) {
 	b := pgBackend(t)
+	release := make(chan struct{})
+	defer close(release)
 	primary := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
-		if r.URL.Path == "/busy" {
+		switch r.URL.Path {
+		case "/busy":
 			http.Error(w, "busy", http.StatusServiceUnavailable)
 			return
+		case "/slow":
+			<-release
+		case "/wait":
+			time.Sleep(150 * time.Millisecond)
 		}
 		io.WriteString(w, `{"ok":true}`)
 	})
 	fallback := newUpstream(t, answering(`{"from":"fallback"}`))
-	g := startGatewayWith(t, b, "\tmetrics\n", providers(primary.addr(), fallback.addr(), "attempt_timeout 5s", "in_flight reject"))
+	g := startGatewayWith(t, b, "\tmetrics\n", providers(primary.addr(), fallback.addr(), "attempt_timeout 1s", "in_flight wait 300ms"))
 	g.post(t, "/x", "m-1", auth, `{}`)      // new
 	g.post(t, "/x", "m-1", auth, `{}`)      // replayed
 	g.post(t, "/x", "m-1", auth, `{"a":1}`) // mismatch
 	g.post(t, "/busy", "m-2", auth, `{}`)   // new: primary failed, fallback succeeded
 	g.post(t, "/x", "m-3", "", `{}`)        // rejected: no owner
+
+	// waited: a duplicate that waits for the first and replays it.
+	waited := make(chan response, 1)
+	go func() { waited <- g.post(t, "/wait", "m-4", auth, `{}`) }() // new
+	eventually(t, "the first request reaches the upstream", func() bool { return primary.count("m-4") == 1 })
+	g.post(t, "/wait", "m-4", auth, `{}`)
+	<-waited
+
+	// conflict, then unknown: a duplicate whose wait ends first, then a
+	// retry after the attempt timed out.
+	slow := make(chan response, 1)
+	go func() { slow <- g.post(t, "/slow", "m-5", auth, `{}`) }() // new
+	eventually(t, "the slow request reaches the upstream", func() bool { return primary.count("m-5") == 1 })
+	if r := g.post(t, "/slow", "m-5", auth, `{}`); r.status != http.StatusConflict || !strings.Contains(r.body, "in-flight") {
+		t.Errorf("duplicate past its wait: %v", r)
+	}
+	if r := <-slow; r.status != http.StatusGatewayTimeout {
+		t.Errorf("slow request: %v", r)
+	}
+	if r := g.post(t, "/slow", "m-5", auth, `{}`); r.status != http.StatusConflict || !strings.Contains(r.body, "outcome-unknown") {
+		t.Errorf("retry of the unknown job: %v", r)
+	}
+
 	status, body := g.adminCall(t, http.MethodGet, "/metrics", "")
 	if status != http.StatusOK {
 		t.Fatalf("metrics: %d", status)
 	}
 	for _, want := range []string{
-		`caddy_idempotency_requests_total{outcome="new"} 2`,
+		`caddy_idempotency_requests_total{outcome="new"} 4`,
 		`caddy_idempotency_requests_total{outcome="replayed"} 1`,
 		`caddy_idempotency_requests_total{outcome="mismatch"} 1`,
 		`caddy_idempotency_requests_total{outcome="rejected"} 1`,
-		`caddy_idempotency_attempts_total{provider="primary",result="succeeded"} 1`,
+		`caddy_idempotency_requests_total{outcome="waited"} 1`,
+		`caddy_idempotency_requests_total{outcome="conflict"} 1`,
+		`caddy_idempotency_requests_total{outcome="unknown"} 1`,
+		`caddy_idempotency_attempts_total{provider="primary",result="succeeded"} 2`,
 		`caddy_idempotency_attempts_total{provider="primary",result="failed"} 1`,
 		`caddy_idempotency_attempts_total{provider="fallback",result="succeeded"} 1`,
-		`caddy_idempotency_in_flight 0`,
-		`caddy_idempotency_ledger_seconds_count{operation="reserve"} 4`,
+		`caddy_idempotency_in_flight 1`, // the slow attempt still runs
+		`caddy_idempotency_ledger_seconds_count{operation="reserve"} 9`,
+		`caddy_idempotency_ledger_seconds_count{operation="mark_unknown"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
