@@ -26,6 +26,7 @@ type final struct {
 	won      bool             // the answer won the result slot
 	job      *ledger.Job      // the job after a lost CAS
 	sent     bool             // the answer already went to the client
+	cut      bool             // the answer that went out ended early
 	storeErr error            // the ledger could not record the outcome
 }
 
@@ -224,6 +225,9 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 						zap.String("attempt_id", na.ID), zap.String("provider", na.Provider), zap.String("after", res.reason))
 					rn.mu.Lock()
 					rn.current = *na
+					// Nothing else runs: the failed answer's headers must
+					// not stop attempt_timeout or the hedge for the new one.
+					rn.anyHeader = false
 					rn.mu.Unlock()
 					rn.notify()
 					latest = nextIdx
@@ -289,8 +293,14 @@ type attemptHooks struct {
 	committed *final
 }
 
-func (h *attemptHooks) headers(*capture) {
+// headers records that an attempt's answer has headers, which stops
+// attempt_timeout and the hedge timer — unless the status already shows a
+// definitive failure, which is no answer to wait for.
+func (h *attemptHooks) headers(c *capture) {
 	rn := h.rn
+	if v, _ := rn.m.policy.FailoverOn.Classify(fallback.Answer{Status: c.status}); v == fallback.Failed {
+		return
+	}
 	rn.mu.Lock()
 	if _, ok := rn.running[h.att.ID]; ok {
 		rn.running[h.att.ID] = true
@@ -401,6 +411,7 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) result {
 					zap.String("attempt_id", att.ID), zap.Int64("size", c.size), zap.Bool("cut_short", cut))
 			}
 		}
+		hc.cut = cut
 		if hc.verdict == fallback.Failed {
 			res.verdict, res.reason = fallback.Failed, hc.reason
 		} else {

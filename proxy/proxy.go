@@ -220,6 +220,11 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 		}
 		select {
 		case <-rn.done:
+			if rn.out.sent && rn.out.cut {
+				// The answer went out and ended early: abort the
+				// connection, so that the client sees it cut short.
+				panic(http.ErrAbortHandler)
+			}
 			m.answer(w, r, rn.out, res.Job.ID)
 			return nil
 		case <-rn.wake:
@@ -298,6 +303,14 @@ func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replay
 // replay sends a completed job's stored answer, or 409 when it was not
 // stored.
 func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job) {
+	if j.Response != nil && !j.Response.Stored && j.Response.Size < 0 && time.Since(j.CompletedAt) < m.cfg.AttemptDeadline {
+		// The answer won while it was still streaming to its first
+		// client; its body is not recorded yet.
+		problem(http.StatusConflict, ProblemInFlight, "Answer still streaming").
+			withDetail("The answer to this key is still being sent to the first request; retry shortly.").
+			withJob(j.ID).retry(time.Second).Write(w)
+		return
+	}
 	if j.Response == nil || !j.Response.Stored {
 		problem(http.StatusConflict, ProblemNotStored, "Response not stored").
 			withDetail("The job completed, but its answer was too large or cut short, so it cannot be replayed.").
