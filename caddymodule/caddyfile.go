@@ -36,7 +36,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		key_header <name>
 //		methods <method...>
 //		require_key
-//		fingerprint raw | json
+//		fingerprint raw | json | graphql
 //		fingerprint_headers <name...>
 //		max_request_body <size>
 //		max_response_body <size>
@@ -46,6 +46,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		in_flight wait [<duration>] | reject
 //		failover_on <status|connect_error|contract...>
 //		hedge_after <duration>
+//		contract {
+//			status <code|2xx...>
+//			content_type <media-type>
+//			json_schema <file>
+//			graphql_schema <file>
+//		}
+//		probe <method> <path> [<body-file>] {
+//			every <duration>
+//		}
 //		provider <name> {
 //			<handler directives, e.g. reverse_proxy ...>
 //		}
@@ -101,7 +110,7 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 		case "fingerprint":
 			if h.Fingerprint, err = one(d, args); err == nil {
 				if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil {
-					return d.Errf("fingerprint must be raw or json, not %q", h.Fingerprint)
+					return d.Errf("fingerprint must be raw, json or graphql, not %q", h.Fingerprint)
 				}
 			}
 		case "fingerprint_headers":
@@ -123,6 +132,13 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 			err = h.parseInFlight(d, args)
 		case "hedge_after":
 			h.HedgeAfter, err = duration(d, args)
+		case "contract":
+			if len(args) != 0 {
+				return d.ArgErr()
+			}
+			err = h.parseContract(d)
+		case "probe":
+			err = h.parseProbe(d, args)
 		case "failover_on":
 			if len(args) == 0 {
 				return d.ArgErr()
@@ -198,6 +214,86 @@ func (h *Handler) parseLedger(d *caddyfile.Dispenser, args []string) error {
 		return d.Errf("unknown ledger %q (want memory or postgres)", args[0])
 	}
 	h.LedgerRaw = caddyconfig.JSONModuleObject(mod, "backend", mod.CaddyModule().ID.Name(), nil)
+	return nil
+}
+
+func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
+	c := &ContractConfig{}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if seen[name] {
+			return d.Errf("contract: duplicate %q", name)
+		}
+		seen[name] = true
+		args := d.RemainingArgs()
+		var err error
+		switch name {
+		case "status":
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			for _, a := range args {
+				if !validStatusPattern(a) {
+					return d.Errf("contract: status %q is not a code (200) or a class (2xx)", a)
+				}
+			}
+			c.Status = args
+		case "content_type":
+			c.ContentType, err = one(d, args)
+		case "json_schema":
+			c.JSONSchema, err = one(d, args)
+		case "graphql_schema":
+			c.GraphQLSchema, err = one(d, args)
+		default:
+			return d.Errf("contract: unknown rule %q (want status, content_type, json_schema or graphql_schema)", name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	h.Contract = c
+	return nil
+}
+
+// validStatusPattern accepts 100-599 and 1xx-5xx.
+func validStatusPattern(s string) bool {
+	if len(s) != 3 || s[0] < '1' || s[0] > '5' {
+		return false
+	}
+	if s[1:] == "xx" {
+		return true
+	}
+	return s[1] >= '0' && s[1] <= '9' && s[2] >= '0' && s[2] <= '9'
+}
+
+func (h *Handler) parseProbe(d *caddyfile.Dispenser, args []string) error {
+	if len(args) < 2 || len(args) > 3 {
+		return d.Errf("usage: probe <method> <path> [<body-file>] { every <duration> }")
+	}
+	p := &ProbeConfig{Method: strings.ToUpper(args[0]), Path: args[1]}
+	if !validProbeMethod(p.Method) {
+		return d.Errf("probe: invalid method %q", args[0])
+	}
+	if !strings.HasPrefix(p.Path, "/") {
+		return d.Errf("probe: the path must start with /, not %q", p.Path)
+	}
+	if len(args) == 3 {
+		p.BodyFile = args[2]
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "every":
+			v, err := duration(d, d.RemainingArgs())
+			if err != nil {
+				return err
+			}
+			p.Every = v
+		default:
+			return d.Errf("probe: unknown option %q (want every)", d.Val())
+		}
+	}
+	h.Probe = p
 	return nil
 }
 

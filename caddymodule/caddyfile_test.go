@@ -57,7 +57,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"ledger missing", "idempotency {\n\tledger\n}", "wrong argument count or unexpected line ending after 'ledger', at Testfile:2"},
 		{"ledger postgres without dsn", "idempotency {\n\tledger postgres\n}", "ledger postgres <dsn>"},
 		{"ledger file not yet", "idempotency {\n\tledger file\n}", "not available in this version"},
-		{"bad fingerprint", "idempotency {\n\n\tfingerprint xml\n}", `fingerprint must be raw or json, not "xml", at Testfile:3`},
+		{"bad fingerprint", "idempotency {\n\n\tfingerprint xml\n}", `fingerprint must be raw, json or graphql, not "xml", at Testfile:3`},
 		{"bad size", "idempotency {\n\tmax_request_body lots\n}", `invalid size "lots", at Testfile:2`},
 		{"bad duration", "idempotency {\n\tretention forever\n}", `invalid duration "forever", at Testfile:2`},
 		{"negative duration", "idempotency {\n\tattempt_timeout -1s\n}", `invalid duration "-1s"`},

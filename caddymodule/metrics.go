@@ -19,6 +19,7 @@ type metrics struct {
 	racesLost prometheus.Counter
 	inFlight  prometheus.Gauge
 	ledgerOps *prometheus.HistogramVec
+	probeOK   *prometheus.GaugeVec
 }
 
 const (
@@ -79,7 +80,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"operation"})); err != nil {
 		return nil, err
 	}
+	if m.probeOK, err = registerOrExisting(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "probe_ok",
+		Help:      "1 when the provider's latest probe passed the contract, 0 when it failed.",
+	}, []string{"provider"})); err != nil {
+		return nil, err
+	}
 	return &m, nil
+}
+
+// Probe records a provider's latest probe result.
+func (m *metrics) Probe(provider string, ok bool) {
+	v := 0.0
+	if ok {
+		v = 1
+	}
+	m.probeOK.WithLabelValues(provider).Set(v)
 }
 
 // registerOrExisting registers c on reg, or returns the equal collector

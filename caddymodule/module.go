@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -52,8 +54,10 @@ type Handler struct {
 	// RequireKey answers 400 to a ledgered method without a key.
 	RequireKey bool `json:"require_key,omitempty"`
 
-	// Fingerprint says how the body enters the request fingerprint: raw
-	// or json (canonical JSON). Default json.
+	// Fingerprint says how the body enters the request fingerprint: raw,
+	// json (canonical JSON) or graphql (the operation printed canonically,
+	// variables as canonical JSON, operationName; only mutations are
+	// ledgered). Default json.
 	Fingerprint string `json:"fingerprint,omitempty"`
 
 	// FingerprintHeaders are request headers that enter the fingerprint.
@@ -103,6 +107,16 @@ type Handler struct {
 	// With none, the rest of the route is the single provider.
 	Providers []*Provider `json:"providers,omitempty"`
 
+	// Contract is the operational contract of the route's output: every
+	// answer whose status it names is checked, and a breach is never a
+	// stored result.
+	Contract *ContractConfig `json:"contract,omitempty"`
+
+	// Probe sends a real request through each provider at start and
+	// every so often; failover and hedging reach a provider only while
+	// its latest probe passed. Needs provider blocks.
+	Probe *ProbeConfig `json:"probe,omitempty"`
+
 	ledger     LedgerModule
 	mw         *proxy.Middleware
 	logger     *zap.Logger
@@ -149,6 +163,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
+	var contract proxy.Contract
+	if h.Contract != nil {
+		c, err := fallback.CompileContract(fallback.ContractSpec{
+			Statuses:      h.Contract.Status,
+			ContentType:   h.Contract.ContentType,
+			JSONSchema:    h.Contract.JSONSchema,
+			GraphQLSchema: h.Contract.GraphQLSchema,
+		})
+		if err != nil {
+			return fmt.Errorf("contract: %w", err)
+		}
+		contract = c
+	}
 	names := []string{proxy.DefaultProvider}
 	if len(providers) > 0 {
 		names = names[:0]
@@ -158,8 +185,44 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.unregister = registerProviders(names)
 
+	var eligible func(int) bool
+	if h.Probe != nil {
+		if len(h.Providers) == 0 {
+			return errors.New("probe needs provider blocks: in drop-in mode there is no provider to probe")
+		}
+		if !validProbeMethod(h.Probe.Method) || !strings.HasPrefix(h.Probe.Path, "/") {
+			return fmt.Errorf("probe: invalid method %q or path %q", h.Probe.Method, h.Probe.Path)
+		}
+		pr := &prober{
+			cfg:      *h.Probe,
+			timeout:  time.Duration(h.AttemptTimeout),
+			max:      h.MaxResponseBody,
+			contract: contract,
+			metrics:  obs,
+			logger:   h.logger,
+		}
+		if pr.timeout <= 0 {
+			pr.timeout = 30 * time.Second
+		}
+		if pr.max <= 0 {
+			pr.max = 8 << 20
+		}
+		if h.Probe.BodyFile != "" {
+			if pr.body, err = os.ReadFile(h.Probe.BodyFile); err != nil {
+				return fmt.Errorf("probe: %w", err)
+			}
+		}
+		pr.start(ctx, h.Providers)
+		eligible = func(i int) bool {
+			r := probeOf(names[i])
+			return r != nil && r.OK
+		}
+	}
+
 	cfg := proxy.Config{
 		Observer:           obs,
+		Contract:           contract,
+		Eligible:           eligible,
 		Providers:          providers,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
 		Ledger:             h.ledger.Ledger(),
@@ -242,6 +305,20 @@ func originalURI(r *http.Request) string {
 		return or.RequestURI
 	}
 	return r.RequestURI
+}
+
+// ContractConfig is the operational contract of a route's output.
+type ContractConfig struct {
+	// Status lists the answers the contract checks: codes and classes
+	// such as 2xx. Default 2xx.
+	Status []string `json:"status,omitempty"`
+	// ContentType is the media type answers must have.
+	ContentType string `json:"content_type,omitempty"`
+	// JSONSchema is a JSON Schema file (draft 2020-12) answers must match.
+	JSONSchema string `json:"json_schema,omitempty"`
+	// GraphQLSchema is a GraphQL SDL file: an answer's data must match the
+	// selection set of the request's operation, typed by this schema.
+	GraphQLSchema string `json:"graphql_schema,omitempty"`
 }
 
 // errNoUpstream is reverse_proxy's message when no upstream can be chosen.

@@ -125,3 +125,15 @@ func listProviders() []ProviderStatus {
 	}
 	return out
 }
+
+// probeOf returns a copy of the provider's latest probe result, or nil.
+func probeOf(name string) *ProbeResult {
+	providerRegistry.Lock()
+	defer providerRegistry.Unlock()
+	e := providerRegistry.byName[name]
+	if e == nil || e.probe == nil {
+		return nil
+	}
+	r := *e.probe
+	return &r
+}

@@ -27,6 +27,7 @@ type final struct {
 	job      *ledger.Job      // the job after a lost CAS
 	sent     bool             // the answer already went to the client
 	cut      bool             // the answer that went out ended early
+	contract bool             // the reason is a contract breach
 	storeErr error            // the ledger could not record the outcome
 }
 
@@ -39,6 +40,7 @@ type result struct {
 	status    int              // problem status for unknown
 	answer    *ledger.Response // the whole answer, buffered
 	committed *final           // the answer was committed before it ended
+	contract  bool             // the reason is a contract breach
 }
 
 // runner runs a job's attempts — one provider after another, and a hedge
@@ -245,10 +247,10 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	// Every attempt has ended without a result for the client.
 	switch {
 	case lastUnknown != nil:
-		rn.decide(final{verdict: fallback.Unknown, reason: lastUnknown.reason, status: lastUnknown.status})
+		rn.decide(final{verdict: fallback.Unknown, reason: lastUnknown.reason, status: lastUnknown.status, contract: lastUnknown.contract})
 	case lastFailure != nil:
-		out := final{verdict: fallback.Failed, reason: lastFailure.reason}
-		if lastFailure.answer != nil && lastFailure.answer.Status != 0 {
+		out := final{verdict: fallback.Failed, reason: lastFailure.reason, contract: lastFailure.contract}
+		if lastFailure.answer != nil && lastFailure.answer.Status != 0 && !lastFailure.contract {
 			out.answer = lastFailure.answer
 		}
 		rn.decide(out)
@@ -285,12 +287,16 @@ func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 	return next, att, true
 }
 
+// errUncheckable is the breach of an answer too large to be checked.
+var errUncheckable = errors.New("contract: the answer is larger than max_response_body and cannot be checked")
+
 // attemptHooks connect an attempt's capture to the runner.
 type attemptHooks struct {
 	rn        *runner
 	att       ledger.Attempt
 	provider  int
 	committed *final
+	breach    error // a contract breach seen before the answer ended
 }
 
 // headers records that an attempt's answer has headers, which stops
@@ -317,6 +323,22 @@ func (h *attemptHooks) headers(c *capture) {
 // regardless.
 func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool) {
 	rn, m := h.rn, h.rn.m
+	if h.breach != nil {
+		return nil, false, overflow // dropped: it is no result
+	}
+	if ct := m.cfg.Contract; ct != nil && ct.Applies(c.status) {
+		if err := ct.CheckHead(c.status, c.header); err != nil {
+			h.breach = err
+			return nil, false, overflow
+		}
+		if ct.ChecksBody() {
+			if overflow {
+				h.breach = errUncheckable
+				return nil, false, true
+			}
+			return nil, false, false // buffered until checked
+		}
+	}
 	if !overflow && rn.hedging() {
 		return nil, false, false
 	}
@@ -395,6 +417,25 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) result {
 	}
 	v, reason := m.policy.FailoverOn.Classify(ans)
 	res := result{att: att, provider: provider, verdict: v, reason: reason}
+	if v == fallback.Result && m.cfg.Contract != nil && m.cfg.Contract.Applies(c.status) {
+		breach := hooks.breach
+		if breach == nil && hooks.committed == nil {
+			breach = m.cfg.Contract.Check(c.status, c.header, c.buf.Bytes(), rn.body)
+		}
+		if breach != nil {
+			// A breach is never a result. With contract in failover_on it
+			// is a definitive failure; otherwise the provider may have acted.
+			res.reason, res.contract = breach.Error(), true
+			res.verdict = fallback.Unknown
+			if m.policy.FailoverOn.Contract {
+				res.verdict = fallback.Failed
+			}
+			m.cfg.Logger.Warn("answer breaks the contract", zap.String("job_id", att.JobID),
+				zap.String("attempt_id", att.ID), zap.String("provider", m.policy.Providers[provider]), zap.Error(breach))
+			res.status = http.StatusBadGateway
+			return res
+		}
+	}
 
 	if hc := hooks.committed; hc != nil {
 		if hc.won {

@@ -60,6 +60,20 @@ func DefaultFailoverOn() FailoverOn { return fallback.DefaultFailoverOn() }
 // ParseFailoverOn parses the words of failover_on.
 func ParseFailoverOn(words []string) (FailoverOn, error) { return fallback.ParseFailoverOn(words) }
 
+// Contract checks answers against a route's output contract
+// (fallback.Contract implements it). A breach is never a stored result.
+type Contract interface {
+	// Applies reports whether answers with this status are checked.
+	Applies(status int) bool
+	// ChecksBody reports whether the body is checked: answers are then
+	// buffered until checked, never streamed.
+	ChecksBody() bool
+	// CheckHead checks what the headers alone can show.
+	CheckHead(status int, h http.Header) error
+	// Check checks the whole answer; request is the client's request body.
+	Check(status int, h http.Header, body []byte, request []byte) error
+}
+
 // Observer receives counts for metrics. Every method must be cheap and safe
 // for concurrent use.
 type Observer interface {
@@ -130,6 +144,10 @@ type Config struct {
 	// running one has sent no answer headers for that long; 0 is off. Only
 	// for side-effect-free providers.
 	HedgeAfter time.Duration
+	// Contract, when set, checks every answer whose status it names. With
+	// contract in FailoverOn a breach is a definitive failure; without it
+	// the job is unknown (the provider may have acted).
+	Contract Contract
 	// Eligible reports whether failover or a hedge may go to provider i
 	// (for example, its latest probe passed); nil: every provider may.
 	Eligible func(i int) bool

@@ -29,22 +29,30 @@ const (
 	BodyJSON BodyMode = iota
 	// BodyRaw hashes the body's bytes.
 	BodyRaw
+	// BodyGraphQL hashes a normalized GraphQL-over-HTTP request (see
+	// ParseGraphQL). A body that is not one is hashed raw.
+	BodyGraphQL
 )
 
-// ParseBodyMode parses "json" or "raw".
+// ParseBodyMode parses "json", "raw" or "graphql".
 func ParseBodyMode(s string) (BodyMode, error) {
 	switch s {
 	case "", "json":
 		return BodyJSON, nil
 	case "raw":
 		return BodyRaw, nil
+	case "graphql":
+		return BodyGraphQL, nil
 	}
-	return 0, errors.New("fingerprint must be raw or json, not " + strconv.Quote(s))
+	return 0, errors.New("fingerprint must be raw, json or graphql, not " + strconv.Quote(s))
 }
 
 func (m BodyMode) String() string {
-	if m == BodyRaw {
+	switch m {
+	case BodyRaw:
 		return "raw"
+	case BodyGraphQL:
+		return "graphql"
 	}
 	return "json"
 }
@@ -62,8 +70,39 @@ func appendField(b []byte, s []byte) []byte {
 	return append(b, s...)
 }
 
-// Sum returns the fingerprint of a request whose body is body.
+// Sum returns the fingerprint of a request whose body is body. In graphql
+// mode it parses the body; a caller that has parsed it already calls
+// SumGraphQL instead.
 func (f fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byte {
+	switch f.mode {
+	case BodyJSON:
+		if canon, ok := CanonicalJSON(body); ok {
+			return f.sum(method, uri, h, 'j', canon)
+		}
+	case BodyGraphQL:
+		if g, ok := ParseGraphQL(body); ok {
+			return f.sum(method, uri, h, 'g', g.Canonical)
+		}
+	}
+	return f.sum(method, uri, h, 'r', body)
+}
+
+// SumGraphQL returns the fingerprint of a request whose body is body and
+// which ParseGraphQL parsed as g (nil when it returned false), without
+// parsing the body again: it equals Sum's. Outside graphql mode g is ignored.
+func (f fingerprinter) SumGraphQL(method, uri string, h http.Header, g *GraphQLRequest, body []byte) []byte {
+	if f.mode != BodyGraphQL {
+		return f.Sum(method, uri, h, body)
+	}
+	if g == nil {
+		return f.sum(method, uri, h, 'r', body)
+	}
+	return f.sum(method, uri, h, 'g', g.Canonical)
+}
+
+// sum hashes the request's encoding, ending with the body's form (tag: 'r'
+// raw, 'j' canonical JSON, 'g' GraphQL) and the length-prefixed payload.
+func (f fingerprinter) sum(method, uri string, h http.Header, tag byte, payload []byte) []byte {
 	enc := make([]byte, 0, 64+len(uri))
 	enc = append(enc, "onejob-fingerprint"...)
 	enc = binary.AppendUvarint(enc, FingerprintVersion)
@@ -78,20 +117,10 @@ func (f fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byt
 			enc = appendField(enc, []byte(v))
 		}
 	}
+	enc = binary.AppendUvarint(append(enc, tag), uint64(len(payload)))
 	m := sha256.New()
 	m.Write(enc)
-	var prefix []byte
-	if f.mode == BodyJSON {
-		if canon, ok := CanonicalJSON(body); ok {
-			prefix = binary.AppendUvarint(append(prefix, 'j'), uint64(len(canon)))
-			m.Write(prefix)
-			m.Write(canon)
-			return m.Sum(nil)
-		}
-	}
-	prefix = binary.AppendUvarint(append(prefix, 'r'), uint64(len(body)))
-	m.Write(prefix)
-	m.Write(body)
+	m.Write(payload)
 	return m.Sum(nil)
 }
 

@@ -318,7 +318,7 @@ func TestFingerprintStable(t *testing.T) {
 }
 
 func TestParseBodyMode(t *testing.T) {
-	for in, want := range map[string]BodyMode{"": BodyJSON, "json": BodyJSON, "raw": BodyRaw} {
+	for in, want := range map[string]BodyMode{"": BodyJSON, "json": BodyJSON, "raw": BodyRaw, "graphql": BodyGraphQL} {
 		got, err := ParseBodyMode(in)
 		if err != nil || got != want {
 			t.Errorf("ParseBodyMode(%q) = %v, %v; want %v", in, got, err, want)
@@ -327,7 +327,7 @@ func TestParseBodyMode(t *testing.T) {
 			t.Errorf("%v.String() = %q, want %q", got, got.String(), in)
 		}
 	}
-	for _, in := range []string{"graphql", "JSON", "raw ", "x"} {
+	for _, in := range []string{"GraphQL", "JSON", "raw ", "x"} {
 		if _, err := ParseBodyMode(in); err == nil {
 			t.Errorf("ParseBodyMode(%q) accepted", in)
 		}

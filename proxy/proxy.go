@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -106,7 +107,20 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	if err != nil {
 		return err // the client went away mid-body; there is no job
 	}
-	fp := m.fp.Sum(r.Method, m.cfg.OriginalURI(r), r.Header, body)
+	var gq *GraphQLRequest
+	if m.cfg.Fingerprint == BodyGraphQL {
+		// Only mutations are ledgered; a document that does not parse is
+		// forwarded as it is (the upstream owns GraphQL errors) and
+		// fingerprinted raw.
+		if g, ok := ParseGraphQL(body); ok {
+			if !g.Mutation {
+				r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+				return next.ServeHTTP(w, r)
+			}
+			gq = &g
+		}
+	}
+	fp := m.fp.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body)
 
 	params := ledger.ReserveParams{
 		OwnerHash:          m.hasher.Owner(owner),
@@ -272,10 +286,22 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 			writeAnswer(w, out.answer, jobID, false)
 			return
 		}
+		if out.contract {
+			problem(http.StatusBadGateway, ProblemContract, "Every provider broke the contract").
+				withDetail("No provider gave an answer that honours the route's contract (" + out.reason + "). A retry may start a new attempt.").
+				withJob(jobID).Write(w)
+			return
+		}
 		problem(http.StatusBadGateway, ProblemAllFailed, "Every provider failed").
 			withDetail("No provider could be reached (" + out.reason + "). A retry may start a new attempt.").
 			withJob(jobID).Write(w)
 	default:
+		if out.contract {
+			problem(http.StatusBadGateway, ProblemContract, "Answer breaks the contract").
+				withDetail("The provider's answer breaks the route's contract (" + out.reason + "). It was not stored; the provider may have acted, so the job's outcome is unknown.").
+				withJob(jobID).Write(w)
+			return
+		}
 		title := "Outcome unknown"
 		if out.status == http.StatusGatewayTimeout {
 			title = "Attempt timed out"

@@ -1,0 +1,162 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/onejob/onejob/proxy"
+)
+
+// ProbeConfig is a real request sent through every provider at start and
+// periodically, and checked against the contract. Failover and hedging may
+// reach a provider only while its latest probe passed.
+type ProbeConfig struct {
+	// Method of the probe request.
+	Method string `json:"method"`
+	// Path (and query) of the probe request.
+	Path string `json:"path"`
+	// BodyFile holds the probe request's body, sent as application/json.
+	BodyFile string `json:"body_file,omitempty"`
+	// Every is the time between probes. Default 30s.
+	Every caddy.Duration `json:"every,omitempty"`
+}
+
+const defaultProbeEvery = 30 * time.Second
+
+// prober runs the probes of one handler's providers until its config is
+// unloaded.
+type prober struct {
+	cfg      ProbeConfig
+	body     []byte
+	timeout  time.Duration
+	max      int64
+	contract proxy.Contract
+	metrics  *metrics
+	logger   *zap.Logger
+}
+
+// start runs one probe loop per provider; they end with ctx.
+func (pr *prober) start(ctx context.Context, providers []*Provider) {
+	every := time.Duration(pr.cfg.Every)
+	if every <= 0 {
+		every = defaultProbeEvery
+	}
+	for _, p := range providers {
+		go func() {
+			t := time.NewTicker(every)
+			defer t.Stop()
+			last := (*ProbeResult)(nil)
+			for {
+				r := pr.probe(ctx, p)
+				if ctx.Err() != nil {
+					return
+				}
+				setProbe(p.Name, r)
+				pr.metrics.Probe(p.Name, r.OK)
+				switch {
+				case !r.OK:
+					pr.logger.Warn("probe failed: no failover or hedge to this provider", zap.String("provider", p.Name),
+						zap.Int("status", r.Status), zap.String("error", r.Error))
+				case last == nil || !last.OK:
+					pr.logger.Info("probe passed", zap.String("provider", p.Name), zap.Int("status", r.Status))
+				}
+				last = &r
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+}
+
+// probe sends one probe request through the provider's routes, in process,
+// and checks the answer against the contract (without one: any 2xx).
+func (pr *prober) probe(ctx context.Context, p *Provider) (res ProbeResult) {
+	res.At = time.Now()
+	ctx, cancel := context.WithTimeout(ctx, pr.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, pr.cfg.Method, "http://onejob-probe"+pr.cfg.Path, bytes.NewReader(pr.body))
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	if len(pr.body) > 0 {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.RequestURI = pr.cfg.Path
+	rec := &probeRecorder{header: make(http.Header), max: pr.max}
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+	defer func() {
+		if v := recover(); v != nil {
+			res.OK, res.Error = false, fmt.Sprintf("probe aborted: %v", v)
+		}
+	}()
+	if err := p.ServeHTTP(rec, req); err != nil && rec.status == 0 {
+		res.Error = err.Error()
+		return res
+	}
+	res.Status = rec.status
+	switch {
+	case rec.status == 0:
+		res.Error = "no answer"
+	case rec.overflow:
+		res.Error = "answer larger than max_response_body"
+	case pr.contract == nil:
+		if rec.status < 200 || rec.status > 299 {
+			res.Error = fmt.Sprintf("status %d is not 2xx", rec.status)
+		}
+	case !pr.contract.Applies(rec.status):
+		res.Error = fmt.Sprintf("status %d is not one the contract accepts", rec.status)
+	default:
+		if err := pr.contract.Check(rec.status, rec.header, rec.body.Bytes(), pr.body); err != nil {
+			res.Error = err.Error()
+		}
+	}
+	res.OK = res.Error == ""
+	return res
+}
+
+// probeRecorder records a probe's answer, bounded.
+type probeRecorder struct {
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	max      int64
+	overflow bool
+}
+
+func (r *probeRecorder) Header() http.Header { return r.header }
+
+func (r *probeRecorder) WriteHeader(code int) {
+	if r.status == 0 && code >= 200 {
+		r.status = code
+	}
+}
+
+func (r *probeRecorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.WriteHeader(http.StatusOK)
+	}
+	if int64(r.body.Len()+len(p)) > r.max {
+		r.overflow = true
+		return len(p), nil
+	}
+	return r.body.Write(p)
+}
+
+func (r *probeRecorder) Flush() {}
+
+// validProbeMethod is a method token as RFC 9110 defines it.
+func validProbeMethod(m string) bool {
+	return m != "" && !strings.ContainsAny(m, " \t\r\n()<>@,;:\\\"/[]?={}")
+}
