@@ -231,3 +231,43 @@ func TestAdaptProviderErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestUnmarshalContractAndProbe(t *testing.T) {
+	in := `idempotency {
+		contract {
+			status 2xx 404
+			content_type application/json
+			json_schema /etc/schemas/charge.json
+			graphql_schema /etc/schemas/api.graphql
+		}
+		probe post /health /etc/probe.json {
+			every 15s
+		}
+	}`
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(h)
+	want := `{"contract":{"status":["2xx","404"],"content_type":"application/json","json_schema":"/etc/schemas/charge.json",` +
+		`"graphql_schema":"/etc/schemas/api.graphql"},"probe":{"method":"POST","path":"/health","body_file":"/etc/probe.json","every":15000000000}}`
+	if string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"idempotency {\n\tcontract {\n\t\tstatus 7xx\n\t}\n}", `contract: status "7xx" is not a code (200) or a class (2xx), at Testfile:3`},
+		{"idempotency {\n\tcontract {\n\t\tschema x\n\t}\n}", `contract: unknown rule "schema"`},
+		{"idempotency {\n\tcontract {\n\t\tcontent_type a\n\t\tcontent_type b\n\t}\n}", `contract: duplicate "content_type", at Testfile:4`},
+		{"idempotency {\n\tcontract x\n}", "wrong argument count"},
+		{"idempotency {\n\tprobe GET\n}", "usage: probe <method> <path>"},
+		{"idempotency {\n\tprobe GET health\n}", `probe: the path must start with /, not "health"`},
+		{"idempotency {\n\tprobe GET /h {\n\t\tevery never\n\t}\n}", `invalid duration "never", at Testfile:3`},
+		{"idempotency {\n\tprobe GET /h {\n\t\ttimeout 1s\n\t}\n}", `probe: unknown option "timeout"`},
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.in, err, tc.want)
+		}
+	}
+}
