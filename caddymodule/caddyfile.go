@@ -30,7 +30,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	idempotency [<matcher>] {
-//		ledger memory | postgres <dsn> [<schema>]
+//		ledger file [<path>] | memory | postgres <dsn> [<schema>]
 //		owner <value>
 //		owner_secret <secret>
 //		key_header <name>
@@ -208,10 +208,19 @@ func (h *Handler) parseLedger(d *caddyfile.Dispenser, args []string) error {
 			p.Schema = args[2]
 		}
 		mod = p
-	case "file", "redis":
-		return d.Errf("ledger %s is not available in this version; use memory or postgres", args[0])
+	case "file":
+		if len(args) > 2 {
+			return d.Errf("usage: ledger file [<path>]")
+		}
+		f := FileLedger{}
+		if len(args) == 2 {
+			f.Path = args[1]
+		}
+		mod = f
+	case "redis":
+		return d.Errf("ledger redis is not available in this version; use file, memory or postgres")
 	default:
-		return d.Errf("unknown ledger %q (want memory or postgres)", args[0])
+		return d.Errf("unknown ledger %q (want file, memory or postgres)", args[0])
 	}
 	h.LedgerRaw = caddyconfig.JSONModuleObject(mod, "backend", mod.CaddyModule().ID.Name(), nil)
 	return nil

@@ -3,18 +3,21 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/file"
 	"github.com/onejob/onejob/ledger/memory"
 	"github.com/onejob/onejob/ledger/postgres"
 )
 
 func init() {
 	caddy.RegisterModule(MemoryLedger{})
+	caddy.RegisterModule(FileLedger{})
 	caddy.RegisterModule(PostgresLedger{})
 }
 
@@ -150,6 +153,40 @@ func (m *MemoryLedger) Provision(ctx caddy.Context) error {
 	return m.open("memory", func() (ledger.Ledger, error) { return memory.New(), nil }, log)
 }
 
+// FileLedger keeps jobs in one local file (bbolt): durable across restarts
+// with no server to run, for one gateway on one machine. The default.
+type FileLedger struct {
+	// Path of the ledger file. Default: onejob/ledger.db in Caddy's data
+	// directory.
+	Path string `json:"path,omitempty"`
+
+	holder
+}
+
+// CaddyModule returns the Caddy module information.
+func (FileLedger) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "idempotency.ledgers.file",
+		New: func() caddy.Module { return new(FileLedger) },
+	}
+}
+
+// Provision opens the file, or shares it with the config being replaced:
+// bbolt allows one open per file, so reloads reuse the open database.
+func (f *FileLedger) Provision(ctx caddy.Context) error {
+	path := caddy.NewReplacer().ReplaceAll(f.Path, "")
+	if path == "" {
+		path = filepath.Join(caddy.AppDataDir(), "onejob", "ledger.db")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("file ledger: %w", err)
+	}
+	return f.open("file\x00"+abs, func() (ledger.Ledger, error) {
+		return file.Open(abs, file.Options{Timeout: 10 * time.Second})
+	}, ctx.Logger())
+}
+
 // PostgresLedger keeps jobs in PostgreSQL, shared by many gateway instances.
 type PostgresLedger struct {
 	// DSN is the PostgreSQL connection string (URL or key=value form).
@@ -192,6 +229,9 @@ var (
 	_ caddy.Provisioner  = (*MemoryLedger)(nil)
 	_ caddy.CleanerUpper = (*MemoryLedger)(nil)
 	_ LedgerModule       = (*MemoryLedger)(nil)
+	_ caddy.Provisioner  = (*FileLedger)(nil)
+	_ caddy.CleanerUpper = (*FileLedger)(nil)
+	_ LedgerModule       = (*FileLedger)(nil)
 	_ caddy.Provisioner  = (*PostgresLedger)(nil)
 	_ caddy.CleanerUpper = (*PostgresLedger)(nil)
 	_ LedgerModule       = (*PostgresLedger)(nil)

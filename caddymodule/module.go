@@ -32,7 +32,8 @@ func init() {
 // key run at most once per (owner, key); retries and duplicates get the
 // stored answer. In drop-in mode the rest of the route is the provider.
 type Handler struct {
-	// The ledger that records jobs and attempts. Default: memory.
+	// The ledger that records jobs and attempts. Default: the file ledger
+	// in Caddy's data directory.
 	LedgerRaw json.RawMessage `json:"ledger,omitempty" caddy:"namespace=idempotency.ledgers inline_key=backend"`
 
 	// Owner of a request's key (placeholders allowed). Default: the
@@ -135,7 +136,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if h.LedgerRaw == nil {
-		h.LedgerRaw = json.RawMessage(`{"backend":"memory"}`)
+		h.LedgerRaw = json.RawMessage(`{"backend":"file"}`)
 	}
 	mod, err := ctx.LoadModule(h, "LedgerRaw")
 	if err != nil {

@@ -224,7 +224,11 @@ func TestDisconnectedClientRetryReplays(t *testing.T) {
 }
 
 func TestAnswerSurvivesRestart(t *testing.T) {
-	b := pgBackend(t)
+	t.Run("postgres", func(t *testing.T) { testAnswerSurvivesRestart(t, pgBackend(t)) })
+	t.Run("file", func(t *testing.T) { testAnswerSurvivesRestart(t, backend{name: "file"}) })
+}
+
+func testAnswerSurvivesRestart(t *testing.T, b backend) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
 		fmt.Fprintf(w, `{"n":%d}`, n)
 	})

@@ -77,11 +77,14 @@ var schemaSeq struct {
 	n int
 }
 
-// backends returns the ledgers every scenario runs on: memory and a fresh
-// PostgreSQL schema.
+// backends returns the ledgers every scenario runs on: memory, the default
+// file ledger, and a fresh PostgreSQL schema.
 func backends(t *testing.T) []func(t *testing.T) backend {
 	return []func(t *testing.T) backend{
 		func(*testing.T) backend { return backend{name: "memory", line: "ledger memory"} },
+		// No ledger line: the default, the file ledger in Caddy's data
+		// directory (each gateway's own home).
+		func(*testing.T) backend { return backend{name: "file", line: ""} },
 		func(t *testing.T) backend { return pgBackend(t) },
 	}
 }

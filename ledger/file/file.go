@@ -1,0 +1,496 @@
+// Package file is a Ledger in one local file (bbolt): durable across
+// restarts with no server to run, for one gateway process on one machine.
+// Every write commits (fsync) before it returns; concurrent writes share
+// commits through bbolt's Batch. Transitions are the ones of the memory
+// ledger (package fsm), applied inside a transaction.
+//
+// Layout: bucket "jobs" maps a job id (UUIDv7, so byte order is creation
+// order) to the job as JSON, attempts included; bucket "keys" maps
+// owner hash + 0x00 + key hash to the job id (the uniqueness of (owner,
+// key) is the key of this bucket); bucket "expiry" indexes completed and
+// failed jobs by expires_at (8-byte big-endian Unix nanoseconds + id), and
+// bucket "leases" indexes starting attempts by deadline, so that sweeps
+// read only what is due.
+package file
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/fsm"
+)
+
+var (
+	bucketJobs   = []byte("jobs")
+	bucketKeys   = []byte("keys")
+	bucketExpiry = []byte("expiry")
+	bucketLeases = []byte("leases")
+)
+
+// Options configure a Ledger.
+type Options struct {
+	// Timeout bounds the wait for the file lock held by another process
+	// (or another config of this process). Default 5s.
+	Timeout time.Duration
+	// Now is the ledger's clock; default time.Now.
+	Now func() time.Time
+}
+
+// Ledger is a file ledger.
+type Ledger struct {
+	db  *bolt.DB
+	now func() time.Time
+
+	mu      sync.Mutex
+	changed map[string]chan struct{} // job id → closed on its next change
+}
+
+// Open opens (or creates) the ledger file at path.
+func Open(path string, opts Options) (*Ledger, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("file ledger: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("file ledger %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketJobs, bucketKeys, bucketExpiry, bucketLeases} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("file ledger %s: %w", path, err)
+	}
+	return &Ledger{db: db, now: opts.Now, changed: make(map[string]chan struct{})}, nil
+}
+
+// Path returns the ledger file's path.
+func (l *Ledger) Path() string { return l.db.Path() }
+
+// Close closes the file.
+func (l *Ledger) Close() error { return l.db.Close() }
+
+func identity(owner, key []byte) []byte {
+	id := make([]byte, 0, len(owner)+1+len(key))
+	id = append(id, owner...)
+	id = append(id, 0)
+	return append(id, key...)
+}
+
+func timeKey(t time.Time, id string) []byte {
+	k := make([]byte, 8, 8+len(id))
+	binary.BigEndian.PutUint64(k, uint64(t.UnixNano()))
+	return append(k, id...)
+}
+
+// index returns the expiry and lease index entries of a job.
+func index(j *ledger.Job) (expiry []byte, leases [][]byte) {
+	if !j.ExpiresAt.IsZero() {
+		expiry = timeKey(j.ExpiresAt, j.ID)
+	}
+	for _, a := range j.Attempts {
+		if a.State == ledger.AttemptStarting {
+			leases = append(leases, timeKey(a.Deadline, j.ID))
+		}
+	}
+	return expiry, leases
+}
+
+type txn struct {
+	tx     *bolt.Tx
+	jobs   *bolt.Bucket
+	keys   *bolt.Bucket
+	expiry *bolt.Bucket
+	leases *bolt.Bucket
+}
+
+func wrap(tx *bolt.Tx) txn {
+	return txn{tx: tx, jobs: tx.Bucket(bucketJobs), keys: tx.Bucket(bucketKeys),
+		expiry: tx.Bucket(bucketExpiry), leases: tx.Bucket(bucketLeases)}
+}
+
+func (t txn) load(id string) (*ledger.Job, error) {
+	v := t.jobs.Get([]byte(id))
+	if v == nil {
+		return nil, nil
+	}
+	var j ledger.Job
+	if err := json.Unmarshal(v, &j); err != nil {
+		return nil, fmt.Errorf("file ledger: job %s: %w", id, err)
+	}
+	return &j, nil
+}
+
+// put stores j, moving its index entries from those of old (nil: new).
+func (t txn) put(old, j *ledger.Job) error {
+	if old != nil {
+		if err := t.unindex(old); err != nil {
+			return err
+		}
+	}
+	v, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	if err := t.jobs.Put([]byte(j.ID), v); err != nil {
+		return err
+	}
+	if err := t.keys.Put(identity(j.OwnerHash, j.KeyHash), []byte(j.ID)); err != nil {
+		return err
+	}
+	exp, leases := index(j)
+	if exp != nil {
+		if err := t.expiry.Put(exp, nil); err != nil {
+			return err
+		}
+	}
+	for _, k := range leases {
+		if err := t.leases.Put(k, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t txn) unindex(j *ledger.Job) error {
+	exp, leases := index(j)
+	if exp != nil {
+		if err := t.expiry.Delete(exp); err != nil {
+			return err
+		}
+	}
+	for _, k := range leases {
+		if err := t.leases.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// remove deletes a job, its identity and its index entries.
+func (t txn) remove(j *ledger.Job) error {
+	if err := t.unindex(j); err != nil {
+		return err
+	}
+	if err := t.jobs.Delete([]byte(j.ID)); err != nil {
+		return err
+	}
+	ident := identity(j.OwnerHash, j.KeyHash)
+	if bytes.Equal(t.keys.Get(ident), []byte(j.ID)) {
+		return t.keys.Delete(ident)
+	}
+	return nil
+}
+
+// write runs fn in a batched read-write transaction. fn may run more than
+// once (bbolt retries a failed batch one call at a time), so it must set
+// its results afresh each time; it returns only storage errors, and keeps
+// outcomes such as ErrStale in its own variables.
+func (l *Ledger) write(fn func(t txn, now time.Time) error) error {
+	now := l.now()
+	return l.db.Batch(func(tx *bolt.Tx) error { return fn(wrap(tx), now) })
+}
+
+// notify wakes the waiters of the given jobs.
+func (l *Ledger) notify(ids ...string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		if ch, ok := l.changed[id]; ok {
+			close(ch)
+			delete(l.changed, id)
+		}
+	}
+}
+
+// Reserve implements ledger.Ledger.
+func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	var (
+		r       ledger.Reservation
+		changed []string
+	)
+	err := l.write(func(t txn, now time.Time) error {
+		changed = nil
+		var old *ledger.Job
+		if id := t.keys.Get(identity(p.OwnerHash, p.KeyHash)); id != nil {
+			j, err := t.load(string(id))
+			if err != nil {
+				return err
+			}
+			if j != nil && j.Expired(now) {
+				if err := t.remove(j); err != nil {
+					return err
+				}
+				changed = append(changed, j.ID)
+				j = nil
+			}
+			old = j
+		}
+		if old == nil {
+			j := fsm.NewJob(p, now)
+			a := j.Attempts[0]
+			r = ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}
+			return t.put(nil, j)
+		}
+		j := old.Clone()
+		var ch bool
+		r, ch = fsm.Reserve(j, p, now)
+		if !ch {
+			return nil
+		}
+		changed = append(changed, j.ID)
+		return t.put(old, j)
+	})
+	if err != nil {
+		return ledger.Reservation{}, err
+	}
+	l.notify(changed...)
+	return r, nil
+}
+
+// update applies fn to one unexpired job in a batched transaction and
+// stores the result. fn's error is an outcome (ErrStale, ...): the job is
+// stored all the same, as the fsm records what it can.
+func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) error) error {
+	var outcome error
+	err := l.write(func(t txn, now time.Time) error {
+		outcome = nil
+		old, err := t.load(jobID)
+		if err != nil {
+			return err
+		}
+		if old == nil || old.Expired(now) {
+			outcome = ledger.ErrNotFound
+			return nil
+		}
+		j := old.Clone()
+		outcome = fn(j, now)
+		return t.put(old, j)
+	})
+	if err != nil {
+		return err
+	}
+	l.notify(jobID)
+	return outcome
+}
+
+// Hedge implements ledger.Ledger.
+func (l *Ledger) Hedge(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
+	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		var e error
+		a, e = fsm.Hedge(j, ref, next, now)
+		return e
+	})
+	return a, err
+}
+
+// Complete implements ledger.Ledger.
+func (l *Ledger) Complete(_ context.Context, ref ledger.AttemptRef, resp ledger.Response) (c ledger.Completion, err error) {
+	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		var e error
+		c, e = fsm.Complete(j, ref, resp, now)
+		return e
+	})
+	return c, err
+}
+
+// SaveBody implements ledger.Ledger.
+func (l *Ledger) SaveBody(_ context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	return l.update(ref.JobID, func(j *ledger.Job, _ time.Time) error {
+		return fsm.SaveBody(j, ref, body, size, stored)
+	})
+}
+
+// Fail implements ledger.Ledger.
+func (l *Ledger) Fail(_ context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (a *ledger.Attempt, err error) {
+	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		var e error
+		a, e = fsm.Fail(j, ref, reason, next, now)
+		return e
+	})
+	return a, err
+}
+
+// MarkUnknown implements ledger.Ledger.
+func (l *Ledger) MarkUnknown(_ context.Context, ref ledger.AttemptRef, reason string) error {
+	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		return fsm.MarkUnknown(j, ref, reason, now)
+	})
+}
+
+// Resolve implements ledger.Ledger.
+func (l *Ledger) Resolve(_ context.Context, jobID string, r ledger.Resolution) (j *ledger.Job, err error) {
+	err = l.update(jobID, func(job *ledger.Job, now time.Time) error {
+		j = nil
+		if e := fsm.Resolve(job, r, now); e != nil {
+			return e
+		}
+		j = job.Clone()
+		return nil
+	})
+	return j, err
+}
+
+// get reads a job with leases applied, and the channel closed on its next
+// change (registered before the read).
+func (l *Ledger) get(jobID string) (*ledger.Job, time.Time, <-chan struct{}, error) {
+	l.mu.Lock()
+	ch, ok := l.changed[jobID]
+	if !ok {
+		ch = make(chan struct{})
+		l.changed[jobID] = ch
+	}
+	l.mu.Unlock()
+	now := l.now()
+	var j *ledger.Job
+	err := l.db.View(func(tx *bolt.Tx) error {
+		var err error
+		j, err = wrap(tx).load(jobID)
+		return err
+	})
+	if err != nil {
+		return nil, now, nil, err
+	}
+	if j == nil || j.Expired(now) {
+		return nil, now, nil, ledger.ErrNotFound
+	}
+	fsm.ApplyLeases(j, now)
+	return j, now, ch, nil
+}
+
+// Job implements ledger.Ledger.
+func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
+	j, _, _, err := l.get(jobID)
+	return j, err
+}
+
+// Wait implements ledger.Ledger.
+func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
+	return ledger.WaitSettled(ctx, func() (*ledger.Job, time.Time, <-chan struct{}, error) {
+		return l.get(jobID)
+	})
+}
+
+// Jobs implements ledger.Ledger: a walk of the jobs bucket from the newest
+// (or from the cursor) backwards.
+func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
+	limit := ledger.EffectiveLimit(q.Limit)
+	now := l.now()
+	var page ledger.JobPage
+	err := l.db.View(func(tx *bolt.Tx) error {
+		c := wrap(tx).jobs.Cursor()
+		var k, v []byte
+		if q.Before != "" {
+			k, v = c.Seek([]byte(q.Before))
+			if k == nil {
+				k, v = c.Last()
+			}
+			for k != nil && bytes.Compare(k, []byte(q.Before)) >= 0 {
+				k, v = c.Prev()
+			}
+		} else {
+			k, v = c.Last()
+		}
+		for ; k != nil; k, v = c.Prev() {
+			var j ledger.Job
+			if err := json.Unmarshal(v, &j); err != nil {
+				return fmt.Errorf("file ledger: job %s: %w", k, err)
+			}
+			if j.Expired(now) {
+				continue
+			}
+			fsm.ApplyLeases(&j, now)
+			if !fsm.Matches(&j, q) {
+				continue
+			}
+			if len(page.Jobs) == limit {
+				page.Next = page.Jobs[limit-1].ID
+				return nil
+			}
+			page.Jobs = append(page.Jobs, &j)
+		}
+		return nil
+	})
+	return page, err
+}
+
+// Sweep implements ledger.Ledger.
+func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) {
+	var (
+		st      ledger.SweepStats
+		changed []string
+	)
+	err := l.db.Update(func(tx *bolt.Tx) error {
+		st, changed = ledger.SweepStats{}, nil
+		t := wrap(tx)
+		now := l.now()
+		due := func(b *bolt.Bucket) (ids []string) {
+			c := b.Cursor()
+			for k, _ := c.First(); k != nil && len(ids) < limit; k, _ = c.Next() {
+				if int64(binary.BigEndian.Uint64(k[:8])) > now.UnixNano() {
+					break
+				}
+				if id := string(k[8:]); !slices.Contains(ids, id) {
+					ids = append(ids, id)
+				}
+			}
+			return ids
+		}
+		for _, id := range due(t.leases) {
+			old, err := t.load(id)
+			if err != nil || old == nil {
+				return err
+			}
+			j := old.Clone()
+			if n := fsm.ApplyLeases(j, now); n > 0 {
+				st.Unknown += n
+				changed = append(changed, id)
+				if err := t.put(old, j); err != nil {
+					return err
+				}
+			}
+		}
+		for _, id := range due(t.expiry) {
+			j, err := t.load(id)
+			if err != nil {
+				return err
+			}
+			if j == nil || !j.Expired(now) {
+				continue
+			}
+			if err := t.remove(j); err != nil {
+				return err
+			}
+			st.Removed++
+			changed = append(changed, id)
+		}
+		return nil
+	})
+	l.notify(changed...)
+	return st, err
+}
+
+
+var _ ledger.Ledger = (*Ledger)(nil)

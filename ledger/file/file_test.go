@@ -1,0 +1,83 @@
+package file
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/ledgertest"
+)
+
+func TestFileConformance(t *testing.T) {
+	ledgertest.Run(t, ledgertest.Harness{
+		New: func(t *testing.T) ledger.Ledger {
+			l, err := Open(filepath.Join(t.TempDir(), "ledger.db"), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			return l
+		},
+		// One process holds the file: a peer is the same ledger.
+		Peer: func(_ *testing.T, l ledger.Ledger) ledger.Ledger { return l },
+	})
+}
+
+// TestSurvivesReopen: what was completed before a close is replayed after
+// the file is opened again, and a pending job is still pending.
+func TestSurvivesReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	ctx := context.Background()
+	l, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 201, Body: []byte("kept"), Size: 4, Stored: true,
+		Header: map[string][]string{"X": {"y"}}}); err != nil || !c.Won {
+		t.Fatal(c.Won, err)
+	}
+	q := p
+	q.KeyHash = []byte("k2")
+	pending, err := l.Reserve(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	again, err := l.Reserve(ctx, p)
+	if err != nil || again.Outcome != ledger.Done || again.Job.ID != r.Job.ID || string(again.Job.Response.Body) != "kept" ||
+		again.Job.Response.Header["X"][0] != "y" {
+		t.Fatalf("after reopen: %v %+v %v", again.Outcome, again.Job, err)
+	}
+	if p2, err := l.Reserve(ctx, q); err != nil || p2.Outcome != ledger.InFlight || p2.Job.ID != pending.Job.ID {
+		t.Fatalf("pending job after reopen: %v %v", p2.Outcome, err)
+	}
+}
+
+// TestLockTimeout: a second open of a held file fails after the timeout
+// instead of blocking forever.
+func TestLockTimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := Open(path, Options{Timeout: 50 * time.Millisecond}); err == nil {
+		t.Fatal("a second open of a locked file succeeded")
+	}
+}
