@@ -30,7 +30,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	idempotency [<matcher>] {
-//		ledger file [<path>] | memory | postgres <dsn> [<schema>]
+//		ledger file [<path>] | memory | postgres <dsn> [<schema>] | redis <url> [<prefix>]
+//		cache redis <url> [<prefix>]
 //		owner <value>
 //		owner_secret <secret>
 //		key_header <name>
@@ -130,6 +131,14 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 			h.AttemptDeadline, err = duration(d, args)
 		case "in_flight":
 			err = h.parseInFlight(d, args)
+		case "cache":
+			if len(args) < 2 || len(args) > 3 || args[0] != "redis" {
+				return d.Errf("usage: cache redis <url> [<prefix>]")
+			}
+			h.Cache = &CacheConfig{Backend: "redis", URL: args[1]}
+			if len(args) == 3 {
+				h.Cache.Prefix = args[2]
+			}
 		case "hedge_after":
 			h.HedgeAfter, err = duration(d, args)
 		case "contract":
@@ -218,9 +227,16 @@ func (h *Handler) parseLedger(d *caddyfile.Dispenser, args []string) error {
 		}
 		mod = f
 	case "redis":
-		return d.Errf("ledger redis is not available in this version; use file, memory or postgres")
+		if len(args) < 2 || len(args) > 3 {
+			return d.Errf("usage: ledger redis <url> [<prefix>]")
+		}
+		r := RedisLedger{URL: args[1]}
+		if len(args) == 3 {
+			r.Prefix = args[2]
+		}
+		mod = r
 	default:
-		return d.Errf("unknown ledger %q (want file, memory or postgres)", args[0])
+		return d.Errf("unknown ledger %q (want file, memory, postgres or redis)", args[0])
 	}
 	h.LedgerRaw = caddyconfig.JSONModuleObject(mod, "backend", mod.CaddyModule().ID.Name(), nil)
 	return nil

@@ -53,7 +53,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"argument on the directive", `idempotency foo`, "wrong argument count"},
 		{"unknown subdirective", "idempotency {\n\tbogus\n}", `unknown subdirective "bogus", at Testfile:2`},
 		{"duplicate", "idempotency {\n\tretention 1h\n\tretention 2h\n}", `duplicate subdirective "retention", at Testfile:3`},
-		{"ledger unknown", "idempotency {\n\tledger mysql x\n}", `unknown ledger "mysql" (want file, memory or postgres), at Testfile:2`},
+		{"ledger unknown", "idempotency {\n\tledger mysql x\n}", `unknown ledger "mysql" (want file, memory, postgres or redis), at Testfile:2`},
 		{"ledger missing", "idempotency {\n\tledger\n}", "wrong argument count or unexpected line ending after 'ledger', at Testfile:2"},
 		{"ledger postgres without dsn", "idempotency {\n\tledger postgres\n}", "ledger postgres <dsn>"},
 		{"ledger file args", "idempotency {\n\tledger file a b\n}", "usage: ledger file [<path>]"},

@@ -114,6 +114,8 @@ func (h *holder) open(key string, ctor func() (ledger.Ledger, error), log *zap.L
 
 func (h *holder) Ledger() ledger.Ledger { return h.shared }
 
+func (h *holder) poolKey() string { return h.key }
+
 func (h *holder) Hold() func() {
 	if _, _, err := ledgers.LoadOrNew(h.key, func() (caddy.Destructor, error) {
 		return nil, fmt.Errorf("ledger %s was closed", h.key)

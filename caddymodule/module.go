@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -108,6 +109,12 @@ type Handler struct {
 	// With none, the rest of the route is the single provider.
 	Providers []*Provider `json:"providers,omitempty"`
 
+	// Cache puts a replay cache (Redis) in front of the ledger: completed
+	// answers are replayed from it, and completions are published so that
+	// waiters on every instance wake at once. The ledger stays the source
+	// of truth.
+	Cache *CacheConfig `json:"cache,omitempty"`
+
 	// Contract is the operational contract of the route's output: every
 	// answer whose status it names is checked, and a breach is never a
 	// stored result.
@@ -119,6 +126,7 @@ type Handler struct {
 	Probe *ProbeConfig `json:"probe,omitempty"`
 
 	ledger     LedgerModule
+	cache      *cacheHolder
 	mw         *proxy.Middleware
 	logger     *zap.Logger
 	unregister func()
@@ -143,6 +151,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading ledger: %w", err)
 	}
 	h.ledger = mod.(LedgerModule)
+	var (
+		led  ledger.Ledger = h.ledger.Ledger()
+		hold               = h.ledger.Hold
+	)
+	if h.Cache != nil {
+		if h.cache, err = openCache(ctx, h.Cache, h.ledger, []byte(h.OwnerSecret)); err != nil {
+			return err
+		}
+		led, hold = h.cache.c, h.cache.hold
+	}
 
 	var providers []proxy.Provider
 	for i, p := range h.Providers {
@@ -226,7 +244,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Eligible:           eligible,
 		Providers:          providers,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
-		Ledger:             h.ledger.Ledger(),
+		Ledger:             led,
 		KeyHeader:          h.KeyHeader,
 		Methods:            append([]string(nil), h.Methods...),
 		RequireKey:         h.RequireKey,
@@ -242,7 +260,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		OriginalURI:        originalURI,
 		IsConnectError:     isConnectError,
 		PrepareAttempt:     prepareAttempt,
-		Hold:               h.ledger.Hold,
+		Hold:               hold,
 		SetVar:             setVar,
 		Logger:             h.logger,
 	}
@@ -271,6 +289,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) Cleanup() error {
 	if h.unregister != nil {
 		h.unregister()
+	}
+	if h.cache != nil {
+		h.cache.cleanup()
 	}
 	return nil
 }

@@ -78,7 +78,8 @@ var schemaSeq struct {
 }
 
 // backends returns the ledgers every scenario runs on: memory, the default
-// file ledger, and a fresh PostgreSQL schema.
+// file ledger, a fresh PostgreSQL schema, a fresh Redis prefix, and
+// PostgreSQL with a Redis replay cache.
 func backends(t *testing.T) []func(t *testing.T) backend {
 	return []func(t *testing.T) backend{
 		func(*testing.T) backend { return backend{name: "memory", line: "ledger memory"} },
@@ -86,7 +87,32 @@ func backends(t *testing.T) []func(t *testing.T) backend {
 		// directory (each gateway's own home).
 		func(*testing.T) backend { return backend{name: "file", line: ""} },
 		func(t *testing.T) backend { return pgBackend(t) },
+		func(t *testing.T) backend { return redisBackend(t) },
+		func(t *testing.T) backend {
+			b := pgBackend(t)
+			b.name = "postgres+cache"
+			b.line += "\n\t\tcache redis " + redisURL(t) + " " + b.schema + ":cache:"
+			return b
+		},
 	}
+}
+
+func redisURL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv("ONEJOB_TEST_REDIS")
+	if u == "" {
+		t.Fatal("ONEJOB_TEST_REDIS is not set: run ./integration/test.sh, which starts Redis")
+	}
+	return u
+}
+
+// redisBackend is a Redis ledger under a key prefix no other test uses.
+func redisBackend(t testing.TB) backend {
+	schemaSeq.Lock()
+	schemaSeq.n++
+	prefix := fmt.Sprintf("it%d_%d:", os.Getpid(), schemaSeq.n)
+	schemaSeq.Unlock()
+	return backend{name: "redis", line: "ledger redis " + redisURL(t) + " " + prefix}
 }
 
 func pgBackend(t testing.TB) backend {

@@ -492,5 +492,4 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 	return st, err
 }
 
-
 var _ ledger.Ledger = (*Ledger)(nil)

@@ -1,0 +1,494 @@
+// Package cache is a Ledger that puts Redis in front of a source-of-truth
+// Ledger (PostgreSQL in production): completed answers are cached in Redis
+// for replays, and job changes are published so that waiting duplicates on
+// every gateway instance wake at once. The truth stays the truth: when
+// Redis is down, slow or wrong, every call is answered from it, never from
+// a guess, and no Redis error ever fails a call.
+//
+// # Keyspace
+//
+// Every key starts with Options.Prefix (default "onejob:cache:"):
+//
+//	<prefix>reply:<hex owner_hash>:<hex key_hash>   string: a completed job's stored answer
+//	<prefix>done                                   pub/sub channel: ids of jobs that changed
+//
+// A reply is written only for a job that is completed with a stored
+// response (of at most Options.MaxSize), with SET … PXAT so that Redis
+// drops it Options.Margin before the job's expires_at; nothing else is
+// ever cached. Its value is
+//
+//	format byte (1) | SHA-256 of format byte and payload | payload
+//
+// (HMAC-SHA-256 under Options.Secret when one is set), where the payload
+// holds the job's owner hash, key hash, fingerprint and fingerprint
+// version, id, state, version, winning attempt, times and response.
+//
+// # What a hit must pass
+//
+// Reserve reads the reply with one GET, bounded by Options.Timeout. The
+// value is used only when its format byte is known, its integrity check
+// holds and it decodes to the end; its owner and key hashes equal the
+// request's; it holds a completed job with a stored response; and the
+// job's own expires_at is more than Options.Margin ahead of the local
+// clock. A hit whose fingerprint or fingerprint version differs from the
+// request's is a Mismatch that carries only the job's id and state. Any
+// miss, error, timeout or value that fails a check goes to the truth's
+// Reserve; a Done from the truth with a stored answer fills the cache.
+//
+// The margin covers the skew between the local clock, Redis's and the
+// truth's. A job is only ever removed or replaced after its expires_at,
+// and a completed job's answer never changes, so an entry that passes
+// these checks says what the truth would say. Gateways that share a Redis
+// but not a truth must use different prefixes.
+//
+// # Wake-ups
+//
+// Complete, SaveBody, Fail, MarkUnknown and Resolve publish the job's id
+// after the truth has recorded the change. Wait subscribes (one
+// subscription per Ledger, shared by its waiters) before it runs the
+// truth's own Wait, and reads the truth's Job whenever the id is
+// published: it returns only states read from the truth, and without Redis
+// the truth's Wait alone still answers.
+//
+// # Ownership
+//
+// The caller owns the truth and the Redis client: Close ends only the
+// cache's subscription, unless Options.CloseTruth and Options.CloseClient
+// hand them over. Options.Timeout bounds Redis's network I/O only when
+// the client honours context deadlines, as NewClient's does.
+package cache
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// DefaultPrefix starts every key of the cache.
+const DefaultPrefix = "onejob:cache:"
+
+// Defaults of Options.
+const (
+	DefaultTimeout = 50 * time.Millisecond
+	DefaultMargin  = 5 * time.Second
+	DefaultMaxSize = 1 << 20
+)
+
+// memoSize bounds the identities remembered between a reservation and its
+// completion.
+const memoSize = 1 << 16
+
+// Options configure a cache Ledger.
+type Options struct {
+	// Prefix starts every key and the channel; default "onejob:cache:".
+	Prefix string
+	// Logger receives Redis trouble (throttled); nil logs nothing.
+	Logger *zap.Logger
+	// Timeout bounds each Redis call; default 50ms. The client must have
+	// ContextTimeoutEnabled set for it to bound the network I/O (NewClient
+	// does); otherwise the client's own read and write timeouts do.
+	Timeout time.Duration
+	// Margin is how long before a job's expires_at its reply stops being
+	// cached and trusted; default 5s. It must exceed the skew between the
+	// gateways' clocks, Redis's and the truth's.
+	Margin time.Duration
+	// MaxSize is the largest reply cached, in bytes (about the size of its
+	// body); default 1MiB. Larger answers are replayed from the truth:
+	// reading them within Timeout is not to be counted on.
+	MaxSize int
+	// Secret, if set, keys the integrity check of replies (HMAC-SHA-256),
+	// so that a writer to Redis without it cannot forge an answer. Without
+	// it a plain SHA-256 guards against corrupt and foreign values only.
+	Secret []byte
+	// CloseTruth and CloseClient make Close close the truth and the Redis
+	// client too. By default the caller owns both.
+	CloseTruth  bool
+	CloseClient bool
+}
+
+// Ledger is a cache in front of a source-of-truth Ledger.
+type Ledger struct {
+	truth   ledger.Ledger
+	rdb     *redis.Client
+	prefix  string
+	timeout time.Duration
+	margin  time.Duration
+	maxSize int
+	mac     func() hash.Hash
+	log     *logThrottle
+	now     func() time.Time // the local clock, for expiry checks
+	bus     *bus
+	memo    *memo
+
+	closeTruth, closeClient bool
+	closeOnce               sync.Once
+	closeErr                error
+}
+
+// New returns a Ledger that answers from truth and caches in rdb. It
+// starts nothing until the first Wait.
+func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Margin <= 0 {
+		opts.Margin = DefaultMargin
+	}
+	if opts.MaxSize <= 0 {
+		opts.MaxSize = DefaultMaxSize
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	log := &logThrottle{log: logger, interval: 10 * time.Second}
+	if !rdb.Options().ContextTimeoutEnabled {
+		logger.Warn("redis cache: the client ignores context deadlines, so a slow Redis delays calls by up to its read timeout; set ContextTimeoutEnabled",
+			zap.Duration("read_timeout", rdb.Options().ReadTimeout))
+	}
+	return &Ledger{
+		truth:       truth,
+		rdb:         rdb,
+		prefix:      opts.Prefix,
+		timeout:     opts.Timeout,
+		margin:      opts.Margin,
+		maxSize:     opts.MaxSize,
+		mac:         newMAC(opts.Secret),
+		log:         log,
+		now:         time.Now,
+		bus:         newBus(rdb, opts.Prefix+"done", opts.Timeout, log),
+		memo:        newMemo(memoSize),
+		closeTruth:  opts.CloseTruth,
+		closeClient: opts.CloseClient,
+	}
+}
+
+// NewClient returns a client for the Redis at url (redis://, rediss:// or
+// unix://, as redis.ParseURL reads it) that honours context deadlines, so
+// that Options.Timeout bounds every cache call.
+func NewClient(url string) (*redis.Client, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redis cache: %w", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	if opt.DialerRetries == 0 {
+		// Fail over to the truth at once while Redis refuses connections.
+		opt.DialerRetries = 1
+	}
+	return redis.NewClient(opt), nil
+}
+
+// Truth returns the ledger the cache answers from.
+func (l *Ledger) Truth() ledger.Ledger { return l.truth }
+
+// replyKey is the key of the reply for (owner, key).
+func (l *Ledger) replyKey(ownerHash, keyHash []byte) string {
+	return l.prefix + "reply:" + hex.EncodeToString(ownerHash) + ":" + hex.EncodeToString(keyHash)
+}
+
+// Channel is the pub/sub channel on which job ids are published.
+func (l *Ledger) Channel() string { return l.prefix + "done" }
+
+// Reserve implements ledger.Ledger: from a verified reply when there is
+// one, else from the truth. A reservation answered from a reply carries
+// the local clock as Now, and no attempts.
+func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	if r, ok := l.lookup(ctx, &p); ok {
+		return r, nil
+	}
+	r, err := l.truth.Reserve(ctx, p)
+	if err != nil {
+		return r, err
+	}
+	switch r.Outcome {
+	case ledger.Done:
+		if cacheable(r.Job) {
+			// The request's identity is the job's: Done means the
+			// fingerprint matched.
+			j := *r.Job
+			j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
+			j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
+			l.write(ctx, update{set: &j})
+		}
+	case ledger.Created, ledger.Reopened:
+		if r.Attempt != nil {
+			l.memo.remember(r.Job.ID, &p, r.Job, r.Attempt.Deadline, l.now())
+		}
+	}
+	return r, nil
+}
+
+// lookup answers p from the cache, if a reply passes every check.
+func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Reservation, bool) {
+	key := l.replyKey(p.OwnerHash, p.KeyHash)
+	rctx, cancel := context.WithTimeout(ctx, l.timeout)
+	b, err := l.rdb.Get(rctx, key).Bytes()
+	cancel()
+	if err != nil {
+		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+			l.log.warn("redis cache: lookup failed; answering from the ledger", zap.Error(err))
+		}
+		return ledger.Reservation{}, false
+	}
+	j, err := decode(b, l.mac)
+	if err != nil {
+		l.log.warn("redis cache: ignoring a reply that does not verify", zap.String("key", key), zap.Error(err))
+		return ledger.Reservation{}, false
+	}
+	now := l.now()
+	if !l.trusted(j, p) {
+		l.log.warn("redis cache: ignoring a reply for another job", zap.String("key", key), zap.String("job_id", j.ID))
+		return ledger.Reservation{}, false
+	}
+	if !now.Add(l.margin).Before(j.ExpiresAt) {
+		return ledger.Reservation{}, false // near or past its expiry: ask the truth
+	}
+	if j.FingerprintVersion != p.FingerprintVersion || !bytes.Equal(j.Fingerprint, p.Fingerprint) {
+		return ledger.Reservation{
+			Outcome: ledger.Mismatch,
+			Job:     &ledger.Job{ID: j.ID, State: j.State, CreatedAt: j.CreatedAt},
+			Now:     now,
+		}, true
+	}
+	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}, true
+}
+
+// trusted reports whether a decoded reply is one the cache may have
+// written for p: same owner and key, completed with a stored answer.
+func (l *Ledger) trusted(j *ledger.Job, p *ledger.ReserveParams) bool {
+	return bytes.Equal(j.OwnerHash, p.OwnerHash) && bytes.Equal(j.KeyHash, p.KeyHash) &&
+		j.ID != "" && j.CompletedBy != "" && cacheable(j)
+}
+
+// cacheable reports whether j may be cached: completed, with a stored
+// answer and an expiry.
+func cacheable(j *ledger.Job) bool {
+	return j != nil && j.State == ledger.JobCompleted && j.Response != nil && j.Response.Stored && !j.ExpiresAt.IsZero()
+}
+
+// update is one best-effort write to Redis, sent in one round trip.
+type update struct {
+	set     *ledger.Job // cache this job's reply (if cacheable)
+	del     *ledger.Job // drop the reply of this job's owner and key
+	publish string      // publish this job id
+}
+
+// write applies u; Redis errors are logged, never returned. It is not
+// cut short by the caller's cancellation: the truth has already changed.
+func (l *Ledger) write(ctx context.Context, u update) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	pipe := l.rdb.Pipeline()
+	if j := u.set; j != nil && cacheable(j) && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
+		until := j.ExpiresAt.Add(-l.margin)
+		if until.After(l.now()) && len(j.Response.Body) <= l.maxSize {
+			if v := encode(j, l.mac); len(v) <= l.maxSize {
+				pipe.SetArgs(ctx, l.replyKey(j.OwnerHash, j.KeyHash), v, redis.SetArgs{ExpireAt: until})
+			}
+		}
+	}
+	if j := u.del; j != nil && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
+		pipe.Del(ctx, l.replyKey(j.OwnerHash, j.KeyHash))
+	}
+	if u.publish != "" {
+		pipe.Publish(ctx, l.Channel(), u.publish)
+	}
+	if pipe.Len() == 0 {
+		return
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		l.log.warn("redis cache: write failed; replays and wake-ups fall back to the ledger", zap.Error(err))
+	}
+}
+
+// identified returns j (a completion's job, whose identity the backend may
+// leave out) with its identity: remembered from the reservation, else read
+// from the truth. ok is false when the truth cannot be read.
+func (l *Ledger) identified(ctx context.Context, jobID string, j *ledger.Job) (*ledger.Job, bool) {
+	if id, ok := l.memo.take(jobID); ok {
+		c := *j
+		c.ID = jobID
+		c.OwnerHash, c.KeyHash = id.ownerHash, id.keyHash
+		c.Fingerprint, c.FingerprintVersion = id.fingerprint, id.fingerprintVersion
+		c.Retention, c.CreatedAt = id.retention, id.createdAt
+		return &c, true
+	}
+	full, err := l.truth.Job(ctx, jobID)
+	if err != nil {
+		l.log.warn("redis cache: cannot read the completed job to cache it", zap.String("job_id", jobID), zap.Error(err))
+		return nil, false
+	}
+	return full, true
+}
+
+// Complete implements ledger.Ledger. A winning answer that is stored is
+// cached; the job's id is published either way.
+func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
+	c, err := l.truth.Complete(ctx, ref, resp)
+	if err != nil {
+		return c, err
+	}
+	u := update{publish: ref.JobID}
+	if c.Won && cacheable(c.Job) {
+		if j, ok := l.identified(ctx, ref.JobID, c.Job); ok {
+			u.set = j
+		}
+	} else if c.Won {
+		// Not stored yet (a stream): SaveBody caches it once it is.
+		l.memo.forget(ref.JobID)
+	}
+	l.write(ctx, u)
+	return c, nil
+}
+
+// SaveBody implements ledger.Ledger. It reads the job back from the truth
+// and caches its reply if the body was stored, or drops any reply if not.
+func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	if err := l.truth.SaveBody(ctx, ref, body, size, stored); err != nil {
+		return err
+	}
+	u := update{publish: ref.JobID}
+	j, err := l.truth.Job(ctx, ref.JobID)
+	switch {
+	case err != nil:
+		l.log.warn("redis cache: cannot read the job whose body was saved", zap.String("job_id", ref.JobID), zap.Error(err))
+	case cacheable(j):
+		u.set = j
+	default:
+		u.del = j
+	}
+	l.write(ctx, u)
+	return nil
+}
+
+// Fail implements ledger.Ledger and publishes the job's id.
+func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	a, err := l.truth.Fail(ctx, ref, reason, next)
+	if err == nil || errors.Is(err, ledger.ErrBlocked) {
+		// ErrBlocked records the failure all the same.
+		if a != nil {
+			l.memo.extend(ref.JobID, a.Deadline)
+		}
+		l.write(ctx, update{publish: ref.JobID})
+	}
+	return a, err
+}
+
+// MarkUnknown implements ledger.Ledger and publishes the job's id.
+func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason string) error {
+	if err := l.truth.MarkUnknown(ctx, ref, reason); err != nil {
+		return err
+	}
+	l.write(ctx, update{publish: ref.JobID})
+	return nil
+}
+
+// Resolve implements ledger.Ledger: it publishes the job's id, and caches
+// the operator's answer when it completed the job.
+func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution) (*ledger.Job, error) {
+	j, err := l.truth.Resolve(ctx, jobID, r)
+	if err != nil {
+		return j, err
+	}
+	u := update{publish: jobID}
+	if cacheable(j) {
+		if full, ok := l.identified(ctx, jobID, j); ok {
+			u.set = full
+		}
+	}
+	l.write(ctx, u)
+	return j, nil
+}
+
+// Hedge implements ledger.Ledger.
+func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	a, err := l.truth.Hedge(ctx, ref, next)
+	if err == nil {
+		l.memo.extend(ref.JobID, a.Deadline)
+	}
+	return a, err
+}
+
+// Job implements ledger.Ledger from the truth.
+func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
+	return l.truth.Job(ctx, jobID)
+}
+
+// Jobs implements ledger.Ledger from the truth.
+func (l *Ledger) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
+	return l.truth.Jobs(ctx, q)
+}
+
+// Sweep implements ledger.Ledger on the truth. Replies need no sweep: they
+// expire in Redis before their jobs do.
+func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error) {
+	return l.truth.Sweep(ctx, limit)
+}
+
+type waitResult struct {
+	job *ledger.Job
+	err error
+}
+
+// Wait implements ledger.Ledger. It subscribes to the channel, then runs
+// the truth's Wait; when the job's id is published first, it reads the job
+// from the truth and returns it if it is no longer pending. Only states
+// read from the truth are returned.
+func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
+	woken, unsubscribe := l.bus.subscribe(ctx, jobID)
+	defer unsubscribe()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	res := make(chan waitResult, 1)
+	go func() {
+		j, err := l.truth.Wait(wctx, jobID)
+		res <- waitResult{j, err}
+	}()
+	for {
+		select {
+		case r := <-res:
+			return r.job, r.err
+		case <-woken:
+			j, err := l.truth.Job(ctx, jobID)
+			if (err == nil && j.State != ledger.JobPending) || errors.Is(err, ledger.ErrNotFound) {
+				cancel()
+				<-res
+				return j, err
+			}
+			// Still pending, or the read failed: the truth's Wait goes on.
+		}
+	}
+}
+
+// Close ends the Redis subscription. It closes the truth and the Redis
+// client only when Options.CloseTruth and Options.CloseClient say so.
+func (l *Ledger) Close() error {
+	l.closeOnce.Do(func() {
+		l.bus.close()
+		var errs []error
+		if l.closeTruth {
+			errs = append(errs, l.truth.Close())
+		}
+		if l.closeClient {
+			errs = append(errs, l.rdb.Close())
+		}
+		l.closeErr = errors.Join(errs...)
+	})
+	return l.closeErr
+}
+
+var _ ledger.Ledger = (*Ledger)(nil)

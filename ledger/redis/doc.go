@@ -1,0 +1,70 @@
+// Package redis is a Ledger on Redis, for many gateway instances sharing one
+// Redis server. Every transition is one Lua script run with EVALSHA: one
+// round trip, atomic on the server, with deadlines and expiry judged by the
+// server's clock (TIME inside the script, never the gateway's). Waiters are
+// woken through pub/sub on one subscription per Ledger.
+//
+// # Keyspace
+//
+// Every key starts with Options.Prefix (default "onejob:"), written <p>:
+//
+//	<p>k:<hex owner hash>:<hex key hash>   string: the id of the job that
+//	                                       holds the identity (owner, key)
+//	<p>j:<job id>                          hash: the job (id, owner, key,
+//	                                       ident, fp, fpv, state, ver, by,
+//	                                       ret, created, done, exp, n) and
+//	                                       its answer (status, hdr as JSON,
+//	                                       body, size, stored)
+//	<p>a:<job id>                          hash: the job's attempts, fields
+//	                                       "<number>:<name>" with names id,
+//	                                       p (provider), s (state), v (job
+//	                                       version), t0, dl (deadline), t1
+//	                                       (finished), e (error)
+//	<p>idx                                 sorted set, score 0: every job id;
+//	                                       UUIDv7 ids sort by creation, so
+//	                                       listing is ZREVRANGEBYLEX
+//	<p>leases                              sorted set: job id, scored by the
+//	                                       earliest deadline of its starting
+//	                                       attempts (for the sweeper)
+//	<p>expiry                              sorted set: "<job id>|<hex owner
+//	                                       hash>:<hex key hash>", scored by
+//	                                       the job's expiry (for the sweeper)
+//	<p>jobs                                pub/sub channel: the id of every
+//	                                       job whose state changed
+//
+// Times are microseconds since the Unix epoch by the server's clock. The
+// identity key is the uniqueness constraint: the reserve script creates a
+// job only while it names none (or names one that expired), so two
+// reservations of one key can never both create a job.
+//
+// Retention: when a job completes or fails, its j: and a: keys get a
+// PEXPIREAT at the end of its retention and it enters the expiry index.
+// Every script also checks the expiry itself, so an expired job counts as
+// absent at once. The sweeper (Sweep) removes expired jobs from the
+// indexes and deletes their identity key unless a new job took it; a
+// reservation of the same key replaces an expired job in place, with a new
+// job id. Pending and unknown jobs never expire; re-opening a failed job
+// removes its expiry.
+//
+// Leases: a starting attempt whose deadline passed reads as unknown at once.
+// Transition scripts record it so before they decide (fsm.ApplyLeases);
+// reads (Job, Jobs, Wait) apply it in Go with the server's time read in the
+// same MULTI; Sweep records it for jobs nobody touches.
+//
+// # Deployment limits
+//
+// The ledger needs a single Redis server, version 5 or newer (tested with
+// 7.0), optionally with replicas: not Redis Cluster. Scripts name the keys they touch in KEYS,
+// computed in Go, except reserve, which must follow the identity key to the
+// job it names (j: and a: of that job id) to answer a retry in one round
+// trip. Redis runs such scripts on one server, but a cluster would reject
+// them.
+//
+// The promise of no duplicate execution is only as strong as the server's
+// persistence: with appendonly off, with appendfsync other than always (or
+// everysec, which can lose the last second), with an eviction policy other
+// than noeviction, or across a failover to an asynchronous replica, a
+// reservation that was acknowledged can be lost and the same key executed
+// again. Ledger.CheckDurability reports such settings; the gateway warns at
+// start.
+package redis

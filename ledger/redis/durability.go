@@ -1,0 +1,86 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// CheckDurability reports, in words for an operator, each setting of the
+// server that can lose an acknowledged reservation and so break the
+// promise that a key is executed once: persistence off or lax, eviction,
+// and asynchronous replication. It returns nil when it found none.
+func (l *Ledger) CheckDurability(ctx context.Context) []string {
+	var warn []string
+	get := func(name string) (string, error) {
+		m, err := l.client.ConfigGet(ctx, name).Result()
+		if err != nil {
+			return "", err
+		}
+		v, ok := m[name]
+		if !ok {
+			return "", fmt.Errorf("CONFIG GET %s returned nothing", name)
+		}
+		return v, nil
+	}
+	if v, err := get("appendonly"); err != nil {
+		warn = append(warn, fmt.Sprintf("redis ledger: could not check the server's persistence and eviction settings (%v): "+
+			"make sure it runs with appendonly yes, appendfsync always (or everysec) and maxmemory-policy noeviction, "+
+			"or a reservation can be lost and its key executed twice", err))
+	} else {
+		if v != "yes" {
+			warn = append(warn, fmt.Sprintf("redis ledger: appendonly is %q: a restart loses reservations written since the last snapshot, "+
+				"and their keys can be executed again; set appendonly yes", v))
+		}
+		switch fsync, err := get("appendfsync"); {
+		case v != "yes":
+			// appendfsync matters only with the append-only file on.
+		case err != nil:
+			warn = append(warn, fmt.Sprintf("redis ledger: could not check appendfsync: %v", err))
+		case fsync == "everysec":
+			warn = append(warn, "redis ledger: appendfsync is \"everysec\": a crash of the server can lose the last second of reservations; "+
+				"set appendfsync always for none")
+		case fsync != "always":
+			warn = append(warn, fmt.Sprintf("redis ledger: appendfsync is %q: a crash of the server can lose reservations the ledger acknowledged; "+
+				"set appendfsync always (or everysec)", fsync))
+		}
+		switch policy, err := get("maxmemory-policy"); {
+		case err != nil:
+			warn = append(warn, fmt.Sprintf("redis ledger: could not check maxmemory-policy: %v", err))
+		case policy != "noeviction":
+			warn = append(warn, fmt.Sprintf("redis ledger: maxmemory-policy is %q: under memory pressure the server can evict jobs "+
+				"and their keys be executed again; set maxmemory-policy noeviction", policy))
+		}
+	}
+	info, err := l.client.Info(ctx, "replication").Result()
+	if err != nil {
+		return append(warn, fmt.Sprintf("redis ledger: could not check replication (%v): asynchronous replication "+
+			"can lose acknowledged reservations on a failover", err))
+	}
+	role, replicas, found := "", 0, false
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "role":
+			role, found = v, true
+		case "connected_slaves":
+			replicas, _ = strconv.Atoi(v)
+		}
+	}
+	switch {
+	case !found:
+		warn = append(warn, "redis ledger: could not check replication (INFO replication shows no role): asynchronous replication "+
+			"can lose acknowledged reservations on a failover")
+	case role != "master":
+		warn = append(warn, fmt.Sprintf("redis ledger: the server is a replica (role %s): writes to it are refused or lost, "+
+			"and a replica promoted after a failover can lack reservations its primary acknowledged", role))
+	case replicas > 0:
+		warn = append(warn, fmt.Sprintf("redis ledger: the server has %d connected replica(s): replication is asynchronous, "+
+			"so a failover can lose reservations the primary acknowledged and their keys be executed again", replicas))
+	}
+	return warn
+}

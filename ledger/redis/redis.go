@@ -1,0 +1,81 @@
+package redis
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix starts every key of a ledger whose Options.Prefix is empty.
+const DefaultPrefix = "onejob:"
+
+// Options configure a Ledger.
+type Options struct {
+	// Prefix starts every key and the pub/sub channel; default "onejob:".
+	// Gateways that share a ledger use the same prefix.
+	Prefix string
+}
+
+// Ledger is a Redis ledger.
+type Ledger struct {
+	client *redis.Client
+	prefix string
+	listen *listener
+}
+
+// Open connects to the Redis server at url (redis://, rediss:// or
+// unix://, as redis.ParseURL reads it), loads the ledger's scripts, and
+// returns the ledger. It does not judge the server's durability settings:
+// call CheckDurability for that.
+func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redis ledger: %w", err)
+	}
+	client := redis.NewClient(o)
+	if err := preload(ctx, client); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis ledger: %w", err)
+	}
+	l := &Ledger{client: client, prefix: prefix}
+	l.listen = newListener(client, l.channel())
+	return l, nil
+}
+
+// Client returns the ledger's Redis client.
+func (l *Ledger) Client() *redis.Client { return l.client }
+
+// Prefix returns the prefix of the ledger's keys.
+func (l *Ledger) Prefix() string { return l.prefix }
+
+// Close stops the pub/sub subscription and closes the client.
+func (l *Ledger) Close() error {
+	l.listen.close()
+	return l.client.Close()
+}
+
+func (l *Ledger) jobKey(id string) string      { return l.prefix + "j:" + id }
+func (l *Ledger) attemptsKey(id string) string { return l.prefix + "a:" + id }
+func (l *Ledger) identKey(ident string) string { return l.prefix + "k:" + ident }
+func (l *Ledger) idxKey() string               { return l.prefix + "idx" }
+func (l *Ledger) leasesKey() string            { return l.prefix + "leases" }
+func (l *Ledger) expiryKey() string            { return l.prefix + "expiry" }
+func (l *Ledger) channel() string              { return l.prefix + "jobs" }
+
+// identity names (owner, key) in keys and index members.
+func identity(owner, key []byte) string {
+	return hex.EncodeToString(owner) + ":" + hex.EncodeToString(key)
+}
+
+// validID reports whether id can name a job; other ids are simply not found.
+func validID(id string) bool {
+	_, err := uuid.Parse(id)
+	return err == nil
+}

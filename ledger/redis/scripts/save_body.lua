@@ -1,0 +1,15 @@
+-- save_body stores the body of the answer the attempt already won with
+-- (fsm.SaveBody).
+--
+-- KEYS: job
+-- ARGV: attempt id, body, size, stored
+local now = now_us()
+local J = load_job(KEYS[1], '')
+if not J or expired(J, now) then
+	return 'not_found'
+end
+if J.by ~= ARGV[1] or not J.status then
+	return 'stale'
+end
+redis.call('HSET', J.jkey, 'body', ARGV[2], 'size', ARGV[3], 'stored', ARGV[4])
+return 'ok'
