@@ -11,6 +11,12 @@ import (
 	"time"
 )
 
+// shared runs fn on each ledger a fleet can share: PostgreSQL and Redis.
+func shared(t *testing.T, fn func(t *testing.T, b backend)) {
+	t.Run("postgres", func(t *testing.T) { fn(t, pgBackend(t)) })
+	t.Run("redis", func(t *testing.T) { fn(t, redisBackend(t)) })
+}
+
 // fleet starts n gateways on one shared ledger.
 func fleet(t *testing.T, b backend, n int, site string) []*gateway {
 	gs := make([]*gateway, n)
@@ -22,8 +28,9 @@ func fleet(t *testing.T, b backend, n int, site string) []*gateway {
 
 // TestFleetBurstOneJob: identical requests spread over three instances make
 // one upstream call and one job.
-func TestFleetBurstOneJob(t *testing.T) {
-	b := pgBackend(t)
+func TestFleetBurstOneJob(t *testing.T) { shared(t, testFleetBurstOneJob) }
+
+func testFleetBurstOneJob(t *testing.T, b backend) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
 		time.Sleep(200 * time.Millisecond)
 		fmt.Fprintf(w, `{"n":%d}`, n)
@@ -60,8 +67,9 @@ func TestFleetBurstOneJob(t *testing.T) {
 // woken by the completion on instance A. B polls nothing: the attempt's
 // lease (60 s) is longer than B's wait (5 s), so without the notification
 // B would answer 409 when its wait ends.
-func TestFleetWaiterWokenByNotification(t *testing.T) {
-	b := pgBackend(t)
+func TestFleetWaiterWokenByNotification(t *testing.T) { shared(t, testFleetWaiterWokenByNotification) }
+
+func testFleetWaiterWokenByNotification(t *testing.T, b backend) {
 	release := make(chan struct{})
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
 		<-release
@@ -89,8 +97,9 @@ func TestFleetWaiterWokenByNotification(t *testing.T) {
 // TestFleetKilledInstance: an instance killed with SIGKILL mid-attempt
 // leaves its attempt unknown once the lease runs out; a survivor never
 // re-runs it.
-func TestFleetKilledInstance(t *testing.T) {
-	b := pgBackend(t)
+func TestFleetKilledInstance(t *testing.T) { shared(t, testFleetKilledInstance) }
+
+func testFleetKilledInstance(t *testing.T, b backend) {
 	release := make(chan struct{})
 	defer close(release)
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) { <-release })
