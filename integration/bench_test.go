@@ -35,7 +35,16 @@ func BenchmarkGateway(b *testing.B) {
 	plain := startBenchGateway(b, backend{name: "plain"}, "\treverse_proxy "+up.addr()+" "+transport+"\n")
 	b.Run("plain_reverse_proxy", func(b *testing.B) { drive(b, plain, func(int64) string { return "" }) })
 	plain.stop()
-	for _, be := range []backend{{name: "memory", line: "ledger memory"}, pgBackend(b)} {
+	cached := pgBackend(b)
+	cached.name = "postgres+cache"
+	cached.line += "\n\t\tcache redis " + redisURL(b) + " " + cached.schema + ":cache:"
+	for _, be := range []backend{
+		{name: "memory", line: "ledger memory"},
+		{name: "file", line: ""},
+		pgBackend(b),
+		cached,
+		redisBackend(b),
+	} {
 		g := startBenchGateway(b, be, "\tidempotency {\n\t\t{ledger}\n\t}\n\treverse_proxy "+up.addr()+" "+transport+"\n")
 		var seq atomic.Int64
 		b.Run(be.name+"_fresh", func(b *testing.B) {
