@@ -44,7 +44,10 @@ local function load_job(jkey, akey)
 	return J
 end
 
--- expired: the job's retention has passed.
+-- expired: the job's retention has passed. Its keys expire at the next
+-- millisecond or later (settle), and Redis judges key expiry by the time the
+-- script started, never later than TIME: a job found unexpired here keeps
+-- its keys until the script ends.
 local function expired(J, now)
 	return J.expn ~= nil and now >= J.expn
 end
