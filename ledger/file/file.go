@@ -225,13 +225,38 @@ func (l *Ledger) notify(ids ...string) {
 	}
 }
 
-// Reserve implements ledger.Ledger.
+// Reserve implements ledger.Ledger. Most reservations of a known key
+// (replays, duplicates in flight, mismatches) change nothing: they are
+// answered from a read-only transaction, without a commit.
 func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
 	var (
 		r       ledger.Reservation
 		changed []string
+		done    bool
 	)
-	err := l.write(func(t txn, now time.Time) error {
+	err := l.db.View(func(tx *bolt.Tx) error {
+		t := wrap(tx)
+		id := t.keys.Get(identity(p.OwnerHash, p.KeyHash))
+		if id == nil {
+			return nil
+		}
+		j, err := t.load(string(id))
+		if err != nil || j == nil {
+			return err
+		}
+		now := l.now()
+		if j.Expired(now) {
+			return nil
+		}
+		var ch bool
+		r, ch = fsm.Reserve(j, p, now)
+		done = !ch
+		return nil
+	})
+	if err != nil || done {
+		return r, err
+	}
+	err = l.write(func(t txn, now time.Time) error {
 		changed = nil
 		var old *ledger.Job
 		if id := t.keys.Get(identity(p.OwnerHash, p.KeyHash)); id != nil {
