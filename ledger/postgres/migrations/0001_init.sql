@@ -226,8 +226,9 @@ BEGIN
 			AND x.state IN ('starting', 'unknown') AND x.deadline > ts)
 	RETURNING t.* INTO j;
 	IF FOUND THEN
+		-- The job is completed: its lease no longer matters (reads apply
+		-- the attempts' own deadlines), so no refresh_lease here.
 		UPDATE attempts t SET state = 'succeeded', finished_at = ts WHERE t.id = p_attempt;
-		PERFORM refresh_lease(p_job, ts);
 		PERFORM notify_job(p_job);
 		outcome := 'won';
 	ELSE
