@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // bus holds the one Redis subscription of a cache Ledger, to the channel
@@ -29,10 +31,12 @@ type bus struct {
 	// confirmed before it reads the truth anyway.
 	readyWait time.Duration
 
+	// waiters is ready while the subscription is confirmed. Where its
+	// state must agree with down, it is used with mu held.
+	waiters ledger.Waiters
+
 	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{}
-	ready   chan struct{} // closed while the subscription is confirmed
-	down    bool          // the last attempt to subscribe failed
+	down    bool // the last attempt to subscribe failed
 	started bool
 	closed  bool
 	ps      *redis.PubSub
@@ -55,8 +59,6 @@ func newBus(rdb *redis.Client, channel string, readyWait time.Duration, log *log
 		channel:   channel,
 		log:       log,
 		readyWait: readyWait,
-		waiters:   make(map[string]map[chan struct{}]struct{}),
-		ready:     make(chan struct{}),
 		ctx:       ctx,
 		stop:      stop,
 		done:      make(chan struct{}),
@@ -70,30 +72,14 @@ func newBus(rdb *redis.Client, channel string, readyWait time.Duration, log *log
 // job's id is published and after every resubscription; cancel unregisters
 // the waiter.
 func (b *bus) subscribe(ctx context.Context, jobID string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
 	b.mu.Lock()
-	set := b.waiters[jobID]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		b.waiters[jobID] = set
-	}
-	set[ch] = struct{}{}
+	ch, cancel := b.waiters.Register(jobID)
 	if !b.started && !b.closed {
 		b.started = true
 		go b.run()
 	}
-	ready, down := b.ready, b.down || b.closed
+	ready, down := b.waiters.Ready(), b.down || b.closed
 	b.mu.Unlock()
-	cancel := func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if set := b.waiters[jobID]; set != nil {
-			delete(set, ch)
-			if len(set) == 0 {
-				delete(b.waiters, jobID)
-			}
-		}
-	}
 	if !down {
 		t := time.NewTimer(b.readyWait)
 		select {
@@ -105,13 +91,6 @@ func (b *bus) subscribe(ctx context.Context, jobID string) (<-chan struct{}, fun
 		t.Stop()
 	}
 	return ch, cancel
-}
-
-func wake(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default: // a wake-up is already pending
-	}
 }
 
 // run subscribes, receives, and resubscribes after failures until closed.
@@ -134,11 +113,7 @@ func (b *bus) run() {
 		b.mu.Lock()
 		b.ps = nil
 		b.down = true
-		select {
-		case <-b.ready:
-			b.ready = make(chan struct{})
-		default:
-		}
+		b.waiters.SetNotReady()
 		b.mu.Unlock()
 		_ = ps.Close()
 		if b.ctx.Err() != nil {
@@ -187,7 +162,7 @@ func (b *bus) session(ps *redis.PubSub) (confirmed bool, err error) {
 			}
 		case *redis.Message:
 			if m.Channel == b.channel {
-				b.wakeJob(m.Payload)
+				b.waiters.Wake(m.Payload)
 			}
 		}
 	}
@@ -198,24 +173,7 @@ func (b *bus) up() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.down = false
-	select {
-	case <-b.ready:
-	default:
-		close(b.ready)
-	}
-	for _, set := range b.waiters {
-		for ch := range set {
-			wake(ch)
-		}
-	}
-}
-
-func (b *bus) wakeJob(jobID string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for ch := range b.waiters[jobID] {
-		wake(ch)
-	}
+	b.waiters.SetReady()
 }
 
 // close ends the subscription and waits for its loop to stop.

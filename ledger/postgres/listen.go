@@ -19,9 +19,9 @@ type listener struct {
 	cfg     *pgx.ConnConfig
 	channel string
 
+	waiters ledger.Waiters // ready while LISTEN is active
+
 	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{}
-	ready   chan struct{} // closed while LISTEN is active
 	started bool
 	ctx     context.Context
 	stop    context.CancelFunc
@@ -33,8 +33,6 @@ func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 	return &listener{
 		cfg:     cfg,
 		channel: channel,
-		waiters: make(map[string]map[chan struct{}]struct{}),
-		ready:   make(chan struct{}),
 		ctx:     ctx,
 		stop:    stop,
 		done:    make(chan struct{}),
@@ -45,31 +43,15 @@ func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 // listening, so that a read made after it cannot miss a notification. The
 // returned channel receives a value on every notification for the job and
 // after every reconnect.
-func (ln *listener) subscribe(ctx context.Context, jobID string) (chan struct{}, func(), error) {
-	ch := make(chan struct{}, 1)
+func (ln *listener) subscribe(ctx context.Context, jobID string) (<-chan struct{}, func(), error) {
 	ln.mu.Lock()
-	set := ln.waiters[jobID]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		ln.waiters[jobID] = set
-	}
-	set[ch] = struct{}{}
+	ch, cancel := ln.waiters.Register(jobID)
 	if !ln.started {
 		ln.started = true
 		go ln.run()
 	}
-	ready := ln.ready
+	ready := ln.waiters.Ready()
 	ln.mu.Unlock()
-	cancel := func() {
-		ln.mu.Lock()
-		defer ln.mu.Unlock()
-		if set := ln.waiters[jobID]; set != nil {
-			delete(set, ch)
-			if len(set) == 0 {
-				delete(ln.waiters, jobID)
-			}
-		}
-	}
 	select {
 	case <-ready:
 		return ch, cancel, nil
@@ -84,13 +66,6 @@ func (ln *listener) subscribe(ctx context.Context, jobID string) (chan struct{},
 
 var errClosed = errors.New("postgres ledger: closed")
 
-func wake(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default: // a wake-up is already pending
-	}
-}
-
 func (ln *listener) run() {
 	defer close(ln.done)
 	backoff := 50 * time.Millisecond
@@ -101,18 +76,9 @@ func (ln *listener) run() {
 		}
 		if err == nil {
 			backoff = 50 * time.Millisecond
-			ln.mu.Lock()
-			close(ln.ready)
-			for _, set := range ln.waiters {
-				for ch := range set {
-					wake(ch)
-				}
-			}
-			ln.mu.Unlock()
+			ln.waiters.SetReady()
 			err = ln.receive(conn)
-			ln.mu.Lock()
-			ln.ready = make(chan struct{})
-			ln.mu.Unlock()
+			ln.waiters.SetNotReady()
 		}
 		if conn != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -135,11 +101,7 @@ func (ln *listener) receive(conn *pgx.Conn) error {
 		if err != nil {
 			return err
 		}
-		ln.mu.Lock()
-		for ch := range ln.waiters[n.Payload] {
-			wake(ch)
-		}
-		ln.mu.Unlock()
+		ln.waiters.Wake(n.Payload)
 	}
 }
 

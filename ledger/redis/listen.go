@@ -25,9 +25,9 @@ type listener struct {
 	client  *redis.Client
 	channel string
 
+	waiters ledger.Waiters // ready while subscribed
+
 	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{}
-	ready   chan struct{} // closed while subscribed
 	started bool
 	ps      *redis.PubSub // the current subscription, closed by close
 	ctx     context.Context
@@ -40,8 +40,6 @@ func newListener(client *redis.Client, channel string) *listener {
 	return &listener{
 		client:  client,
 		channel: channel,
-		waiters: make(map[string]map[chan struct{}]struct{}),
-		ready:   make(chan struct{}),
 		ctx:     ctx,
 		stop:    stop,
 		done:    make(chan struct{}),
@@ -54,35 +52,19 @@ var errClosed = errors.New("redis ledger: closed")
 // is confirmed, so that a read made after it cannot miss a publication. The
 // returned channel receives a value on every publication for the job and
 // after every resubscription.
-func (ln *listener) subscribe(ctx context.Context, jobID string) (chan struct{}, func(), error) {
-	ch := make(chan struct{}, 1)
+func (ln *listener) subscribe(ctx context.Context, jobID string) (<-chan struct{}, func(), error) {
 	ln.mu.Lock()
 	if ln.ctx.Err() != nil {
 		ln.mu.Unlock()
 		return nil, nil, errClosed
 	}
-	set := ln.waiters[jobID]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		ln.waiters[jobID] = set
-	}
-	set[ch] = struct{}{}
+	ch, cancel := ln.waiters.Register(jobID)
 	if !ln.started {
 		ln.started = true
 		go ln.run()
 	}
-	ready := ln.ready
+	ready := ln.waiters.Ready()
 	ln.mu.Unlock()
-	cancel := func() {
-		ln.mu.Lock()
-		defer ln.mu.Unlock()
-		if set := ln.waiters[jobID]; set != nil {
-			delete(set, ch)
-			if len(set) == 0 {
-				delete(ln.waiters, jobID)
-			}
-		}
-	}
 	select {
 	case <-ready:
 		return ch, cancel, nil
@@ -92,13 +74,6 @@ func (ln *listener) subscribe(ctx context.Context, jobID string) (chan struct{},
 	case <-ln.ctx.Done():
 		cancel()
 		return nil, nil, errClosed
-	}
-}
-
-func wake(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default: // a wake-up is already pending
 	}
 }
 
@@ -118,12 +93,8 @@ func (ln *listener) run() {
 		if ln.receive(ps) {
 			backoff = 50 * time.Millisecond
 		}
+		ln.waiters.SetNotReady()
 		ln.mu.Lock()
-		select {
-		case <-ln.ready:
-			ln.ready = make(chan struct{})
-		default:
-		}
 		ln.ps = nil
 		ln.mu.Unlock()
 		ps.Close()
@@ -160,25 +131,10 @@ func (ln *listener) receive(ps *redis.PubSub) bool {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == ln.channel {
 				confirmed = true
-				ln.mu.Lock()
-				select {
-				case <-ln.ready:
-				default:
-					close(ln.ready)
-				}
-				for _, set := range ln.waiters {
-					for ch := range set {
-						wake(ch)
-					}
-				}
-				ln.mu.Unlock()
+				ln.waiters.SetReady()
 			}
 		case *redis.Message:
-			ln.mu.Lock()
-			for ch := range ln.waiters[m.Payload] {
-				wake(ch)
-			}
-			ln.mu.Unlock()
+			ln.waiters.Wake(m.Payload)
 		}
 	}
 }
