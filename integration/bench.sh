@@ -16,20 +16,25 @@ go test -tags integration -run '^$' -bench '^BenchmarkGateway$' -benchtime "$ben
 awk '
 	/^BenchmarkGateway\// {
 		split($1, parts, "/"); name = parts[2]; sub(/-[0-9]+$/, "", name)
-		ns[name, ++n[name]] = $3
+		i = ++n[name]
+		ns[name, i] = $3
+		for (f = 4; f < NF; f++) {
+			if ($(f + 1) == "cpu-us/op") cpu[name, i] = $f
+			if ($(f + 1) == "peak-rss-MiB") rss[name, i] = $f
+		}
 		if (!(name in seen)) { seen[name] = 1; order[++k] = name }
 	}
-	function median(name,   i, j, t, m, a) {
+	function median(arr, name,   i, j, t, m, a) {
 		m = n[name]
-		for (i = 1; i <= m; i++) a[i] = ns[name, i]
+		for (i = 1; i <= m; i++) a[i] = arr[name, i] + 0
 		for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
 		return a[int((m + 1) / 2)]
 	}
 	END {
-		base = median("plain_reverse_proxy")
-		printf "\n%-22s %12s %10s %14s\n", "series", "ns/request", "req/s", "vs plain rp"
+		rp = median(ns, "plain_reverse_proxy"); rs = median(ns, "plain_respond")
+		printf "\n%-24s %10s %8s %10s %9s %10s %10s\n", "series", "us/request", "req/s", "cpu-us/req", "peak-MiB", "vs rp", "vs respond"
 		for (i = 1; i <= k; i++) {
-			m = median(order[i])
-			printf "%-22s %12.0f %10.0f %13.2fx\n", order[i], m, 1e9 / m, base / m
+			m = median(ns, order[i])
+			printf "%-24s %10.0f %8.0f %10.1f %9.1f %9.2fx %9.2fx\n", order[i], m / 1000, 1e9 / m, median(cpu, order[i]), median(rss, order[i]), rp / m, rs / m
 		}
 	}' "$WORK/bench.txt"

@@ -3,13 +3,16 @@
 package integration
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // transport is the same upstream transport in every series, so that the
@@ -32,6 +35,10 @@ func BenchmarkGateway(b *testing.B) {
 		io.WriteString(w, `{"id":"ch_123","status":"succeeded","amount":4200,"currency":"eur"}`)
 	}))}
 	defer up.Close()
+	respond := startBenchGateway(b, backend{name: "respond"},
+		"\theader Content-Type application/json\n\trespond `{\"id\":\"ch_123\",\"status\":\"succeeded\",\"amount\":4200,\"currency\":\"eur\"}` 200\n")
+	b.Run("plain_respond", func(b *testing.B) { drive(b, respond, func(int64) string { return "" }) })
+	respond.stop()
 	plain := startBenchGateway(b, backend{name: "plain"}, "\treverse_proxy "+up.addr()+" "+transport+"\n")
 	b.Run("plain_reverse_proxy", func(b *testing.B) { drive(b, plain, func(int64) string { return "" }) })
 	plain.stop()
@@ -68,6 +75,7 @@ func drive(b *testing.B, g *gateway, key func(i int64) string) {
 	defer client.CloseIdleConnections()
 	var n atomic.Int64
 	b.SetParallelism(16)
+	cpu0 := processCPU(b, g)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -91,4 +99,38 @@ func drive(b *testing.B, g *gateway, key func(i int64) string) {
 			}
 		}
 	})
+	b.StopTimer()
+	// The gateway's CPU time per request (user + system, from /proc), and
+	// its peak resident memory so far.
+	b.ReportMetric(float64(processCPU(b, g)-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/op")
+	b.ReportMetric(float64(peakRSS(b, g))/(1<<20), "peak-rss-MiB")
+}
+
+// processCPU returns the gateway process's CPU time (utime + stime).
+func processCPU(b *testing.B, g *gateway) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", g.cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticks
+}
+
+// peakRSS returns the gateway process's peak resident set size in bytes.
+func peakRSS(b *testing.B, g *gateway) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
