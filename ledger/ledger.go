@@ -137,6 +137,17 @@ func (o Outcome) String() string {
 	return "invalid"
 }
 
+// ParseOutcome returns the Outcome whose String is name: the names the SQL
+// and Lua ledgers return.
+func ParseOutcome(name string) (Outcome, bool) {
+	for o := Created; o <= Unknown; o++ {
+		if o.String() == name {
+			return o, true
+		}
+	}
+	return 0, false
+}
+
 // Reservation is the answer to Reserve.
 type Reservation struct {
 	Outcome Outcome

@@ -103,20 +103,8 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		return ledger.Reservation{}, fmt.Errorf("postgres ledger: reserve: %w", err)
 	}
 	r := ledger.Reservation{Now: ts}
-	switch outcome {
-	case "created":
-		r.Outcome = ledger.Created
-	case "reopened":
-		r.Outcome = ledger.Reopened
-	case "mismatch":
-		r.Outcome = ledger.Mismatch
-	case "done":
-		r.Outcome = ledger.Done
-	case "in_flight":
-		r.Outcome = ledger.InFlight
-	case "unknown":
-		r.Outcome = ledger.Unknown
-	default:
+	var ok bool
+	if r.Outcome, ok = ledger.ParseOutcome(outcome); !ok {
 		return ledger.Reservation{}, errUnexpected("reserve", outcome)
 	}
 	r.Job = &ledger.Job{

@@ -56,20 +56,8 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		return ledger.Reservation{}, err
 	}
 	r := ledger.Reservation{Now: nowOf(a, 1)}
-	switch outcome {
-	case "created":
-		r.Outcome = ledger.Created
-	case "reopened":
-		r.Outcome = ledger.Reopened
-	case "mismatch":
-		r.Outcome = ledger.Mismatch
-	case "done":
-		r.Outcome = ledger.Done
-	case "in_flight":
-		r.Outcome = ledger.InFlight
-	case "unknown":
-		r.Outcome = ledger.Unknown
-	default:
+	var ok bool
+	if r.Outcome, ok = ledger.ParseOutcome(outcome); !ok {
 		return ledger.Reservation{}, errUnexpected("reserve", outcome)
 	}
 	if r.Outcome == ledger.Mismatch {
