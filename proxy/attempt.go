@@ -59,7 +59,6 @@ type runner struct {
 	current   ledger.Attempt  // the attempt attempt_timeout watches
 	running   map[string]bool // running attempts: id → headers arrived
 	attempts  map[string]ledger.Attempt
-	anyHeader bool // some attempt of this run has answer headers
 	timedOut  bool // the client was told 504: no failover, no hedge
 	streaming bool // an answer is passing through to the client
 	decided   bool
@@ -90,7 +89,18 @@ func (rn *runner) notify() {
 func (rn *runner) watched() (ledger.Attempt, bool) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	return rn.current, rn.anyHeader
+	return rn.current, rn.answering()
+}
+
+// answering reports whether a running attempt has answer headers, which
+// stops attempt_timeout and the hedge timer. rn.mu must be held.
+func (rn *runner) answering() bool {
+	for _, headers := range rn.running {
+		if headers {
+			return true
+		}
+	}
+	return false
 }
 
 // decide sets the client's outcome, once.
@@ -109,7 +119,7 @@ func (rn *runner) decide(out final) {
 // unknown. It reports false when headers (or the outcome) won the race.
 func (rn *runner) timeout(att ledger.Attempt) bool {
 	rn.mu.Lock()
-	if rn.anyHeader || rn.decided || rn.current.ID != att.ID {
+	if rn.answering() || rn.decided || rn.current.ID != att.ID {
 		rn.mu.Unlock()
 		return false
 	}
@@ -227,9 +237,6 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 						zap.String("attempt_id", na.ID), zap.String("provider", na.Provider), zap.String("after", res.reason))
 					rn.mu.Lock()
 					rn.current = *na
-					// Nothing else runs: the failed answer's headers must
-					// not stop attempt_timeout or the hedge for the new one.
-					rn.anyHeader = false
 					rn.mu.Unlock()
 					rn.notify()
 					latest = nextIdx
@@ -264,7 +271,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 	m := rn.m
 	rn.mu.Lock()
-	skip := rn.anyHeader || rn.decided || rn.timedOut || len(rn.running) == 0
+	skip := rn.answering() || rn.decided || rn.timedOut || len(rn.running) == 0
 	cur := rn.current
 	rn.mu.Unlock()
 	next, ok := m.policy.Hedge(latest)
@@ -311,7 +318,6 @@ func (h *attemptHooks) headers(c *capture) {
 	if _, ok := rn.running[h.att.ID]; ok {
 		rn.running[h.att.ID] = true
 	}
-	rn.anyHeader = true
 	rn.mu.Unlock()
 	rn.notify()
 }
