@@ -52,3 +52,18 @@ func nextDeadline(j *Job) (time.Time, bool) {
 	}
 	return d, !d.IsZero()
 }
+
+// WaitSubscribed is WaitSettled for ledgers that notify each waiter on one
+// channel: it subscribes before the first read, so that no notification
+// between the read and the wait is missed, and unsubscribes at the end.
+func WaitSubscribed(ctx context.Context, subscribe func() (<-chan struct{}, func(), error), read func() (*Job, time.Time, error)) (*Job, error) {
+	changed, unsubscribe, err := subscribe()
+	if err != nil {
+		return nil, err
+	}
+	defer unsubscribe()
+	return WaitSettled(ctx, func() (*Job, time.Time, <-chan struct{}, error) {
+		j, now, err := read()
+		return j, now, changed, err
+	})
+}

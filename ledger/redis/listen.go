@@ -158,13 +158,7 @@ func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 	if !validID(jobID) {
 		return nil, ledger.ErrNotFound
 	}
-	ch, cancel, err := l.listen.subscribe(ctx, jobID)
-	if err != nil {
-		return nil, err
-	}
-	defer cancel()
-	return ledger.WaitSettled(ctx, func() (*ledger.Job, time.Time, <-chan struct{}, error) {
-		j, now, err := l.load(ctx, jobID)
-		return j, now, ch, err
-	})
+	return ledger.WaitSubscribed(ctx,
+		func() (<-chan struct{}, func(), error) { return l.listen.subscribe(ctx, jobID) },
+		func() (*ledger.Job, time.Time, error) { return l.load(ctx, jobID) })
 }
