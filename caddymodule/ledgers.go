@@ -116,13 +116,18 @@ func (h *holder) Ledger() ledger.Ledger { return h.shared }
 
 func (h *holder) poolKey() string { return h.key }
 
-func (h *holder) Hold() func() {
-	if _, _, err := ledgers.LoadOrNew(h.key, func() (caddy.Destructor, error) {
-		return nil, fmt.Errorf("ledger %s was closed", h.key)
+func (h *holder) Hold() func() { return holdPooled(ledgers, h.key) }
+
+// holdPooled takes one more reference on the pool's entry for key, which
+// must exist, and returns its release: so an attempt keeps what it uses
+// open across a config reload.
+func holdPooled(pool *caddy.UsagePool, key string) func() {
+	if _, _, err := pool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return nil, fmt.Errorf("%s was closed", key)
 	}); err != nil {
 		return func() {}
 	}
-	return func() { ledgers.Delete(h.key) }
+	return func() { pool.Delete(key) }
 }
 
 // Cleanup releases this config's hold on the ledger.

@@ -123,15 +123,10 @@ func openCache(ctx caddy.Context, cfg *CacheConfig, truth LedgerModule, secret [
 
 // hold keeps the cache and its ledger open until release.
 func (h *cacheHolder) hold() func() {
-	release := h.truth.Hold()
-	if _, _, err := caches.LoadOrNew(h.key, func() (caddy.Destructor, error) {
-		return nil, fmt.Errorf("cache %s was closed", h.key)
-	}); err != nil {
-		return release
-	}
+	releaseTruth, releaseCache := h.truth.Hold(), holdPooled(caches, h.key)
 	return func() {
-		caches.Delete(h.key)
-		release()
+		releaseCache()
+		releaseTruth()
 	}
 }
 
