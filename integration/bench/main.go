@@ -1,0 +1,310 @@
+// Command bench measures the onejob gateway side by side with plain Caddy
+// (built from the same Caddy version) and with pgbench running the
+// PostgreSQL ledger's own SQL, in one run on loopback, and prints one table
+// of medians with each series' ratio to its baseline. run.sh builds the
+// binaries, starts PostgreSQL and Redis, and runs it.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+type config struct {
+	gateway, plain   string // the two caddy binaries
+	wrk, pgbench     string
+	dir, work        string // this directory (scripts), a scratch directory
+	postgres, redis  string
+	duration, warmup time.Duration
+	reps             int
+	connections      int
+	threads          int
+	only             *regexp.Regexp
+	waiters          int
+	soak             time.Duration
+}
+
+// transport is the same upstream transport in every Caddyfile: Caddy's
+// default idle pool (32 per host) would distort the comparison.
+const transport = "{\n\t\ttransport http {\n\t\t\tkeepalive_idle_conns_per_host 1024\n\t\t}\n\t}"
+
+// answer is what the upstream answers, as a payment API would.
+const answer = `{"id":"ch_123","status":"succeeded","amount":4200,"currency":"eur"}`
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.gateway, "gateway", "", "the caddy binary with onejob")
+	flag.StringVar(&cfg.plain, "plain", "", "the caddy binary without onejob, same Caddy version")
+	flag.StringVar(&cfg.wrk, "wrk", "wrk", "the wrk binary")
+	flag.StringVar(&cfg.pgbench, "pgbench", "pgbench", "the pgbench binary")
+	flag.StringVar(&cfg.postgres, "postgres", os.Getenv("ONEJOB_TEST_POSTGRES"), "PostgreSQL URL")
+	flag.StringVar(&cfg.redis, "redis", os.Getenv("ONEJOB_TEST_REDIS"), "Redis URL")
+	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each measured run")
+	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "length of the unmeasured run before a series")
+	flag.IntVar(&cfg.reps, "reps", 3, "measured runs per series (the median is reported)")
+	flag.IntVar(&cfg.connections, "connections", 32, "concurrent connections (and pgbench clients)")
+	flag.IntVar(&cfg.threads, "threads", 2, "wrk and pgbench threads")
+	only := flag.String("only", "", "run only the series whose names match this regular expression")
+	flag.IntVar(&cfg.waiters, "waiters", 10000, "clients waiting on one in-flight key (0: skip)")
+	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
+	flag.Parse()
+	if cfg.gateway == "" || cfg.plain == "" {
+		log.Fatal("bench: -gateway and -plain are required (run ./integration/bench/run.sh)")
+	}
+	cfg.only = regexp.MustCompile(*only)
+	exe, _ := os.Getwd()
+	cfg.dir = filepath.Join(exe, "integration", "bench")
+	if _, err := os.Stat(filepath.Join(cfg.dir, "request.lua")); err != nil {
+		log.Fatal("bench: run from the repository's root")
+	}
+	var err error
+	if cfg.work, err = os.MkdirTemp("", "onejob-bench-"); err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(cfg.work)
+
+	up := startUpstream()
+	results := runSeries(cfg, up)
+	printTable(os.Stdout, results)
+	if cfg.waiters > 0 && cfg.only.MatchString("waiters") {
+		if err := benchWaiters(cfg, os.Stdout); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if cfg.soak > 0 && cfg.only.MatchString("soak") {
+		if err := soak(cfg, up, os.Stdout); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// upstream is the API behind the gateway: it answers a small JSON body and
+// counts the requests that reach it.
+type upstream struct {
+	addr string
+	hits atomic.Int64
+}
+
+func startUpstream() *upstream {
+	u := new(upstream)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	u.addr = l.Addr().String()
+	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		u.hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer)
+	}))
+	return u
+}
+
+// result is one series' medians.
+type result struct {
+	name     string
+	rps      float64
+	p50, p99 time.Duration
+	cpu      time.Duration // per request; 0 when not measured
+	peakRSS  int64         // bytes; 0 when not measured
+	baseline string        // the series it is compared with
+	target   float64       // minimum ratio to the baseline; 0 when none
+	extraCPU time.Duration // maximum CPU per request over the baseline's; 0 when none
+}
+
+// series describes what one row of the table measures.
+type series struct {
+	name     string
+	binary   string // gateway or plain
+	site     string // the site block's body
+	mode     string // request.lua's mode: plain, fresh, replay
+	baseline string
+	target   float64
+	extraCPU time.Duration
+}
+
+func runSeries(cfg config, up *upstream) []result {
+	proxy := "\treverse_proxy " + up.addr + " " + transport + "\n"
+	gw := func(ledger string) string {
+		return "\tidempotency {\n\t\t" + ledger + "\n\t}\n" + proxy
+	}
+	pg := "ledger postgres " + cfg.postgres + " bench"
+	list := []series{
+		{name: "plain_respond", binary: cfg.plain, mode: "plain",
+			site: "\theader Content-Type application/json\n\trespond `" + answer + "` 200\n"},
+		{name: "plain_reverse_proxy", binary: cfg.plain, mode: "plain", site: proxy},
+		{name: "memory_fresh", mode: "fresh", site: gw("ledger memory"), baseline: "plain_reverse_proxy", target: 0.9, extraCPU: 15 * time.Microsecond},
+		{name: "memory_replay", mode: "replay", site: gw("ledger memory"), baseline: "plain_respond", target: 0.8},
+		{name: "file_fresh", mode: "fresh", site: gw("ledger file"), baseline: "plain_reverse_proxy", target: 0.5},
+		{name: "file_replay", mode: "replay", site: gw("ledger file"), baseline: "plain_respond", target: 0.8},
+		{name: "postgres_fresh", mode: "fresh", site: gw(pg), baseline: "pgbench_ledger_sql", target: 0.7},
+		{name: "pgbench_ledger_sql", mode: "pgbench"},
+		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond"},
+		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_reverse_proxy"},
+		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: 0.7},
+		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy"},
+		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond"},
+	}
+	run := fmt.Sprintf("%x", time.Now().UnixNano())
+	var results []result
+	for _, s := range list {
+		if !cfg.only.MatchString(s.name) {
+			continue
+		}
+		if s.binary == "" {
+			s.binary = cfg.gateway
+		}
+		var (
+			samples []sample
+			peak    int64
+			err     error
+		)
+		if s.mode == "pgbench" {
+			samples, err = measurePgbench(cfg)
+		} else {
+			samples, peak, err = measure(cfg, up, s, run)
+		}
+		if err != nil {
+			log.Fatalf("bench: %s: %v", s.name, err)
+		}
+		r := median(samples)
+		r.name, r.peakRSS = s.name, peak
+		r.baseline, r.target, r.extraCPU = s.baseline, s.target, s.extraCPU
+		log.Printf("%-22s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
+		results = append(results, r)
+	}
+	return results
+}
+
+// measure starts a server for the series, warms it up (which also creates
+// the replayed keys), and measures cfg.reps runs.
+func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, error) {
+	srv, err := startServer(s.binary, cfg.work, s.name, "", s.site)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer srv.stop()
+	prefix := func(rep int) string {
+		if s.mode == "replay" {
+			return "replay-" + run
+		}
+		return fmt.Sprintf("%s-%s-%d", s.name, run, rep)
+	}
+	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), 64); err != nil {
+		return nil, 0, err
+	}
+	var samples []sample
+	for rep := 0; rep < cfg.reps; rep++ {
+		hits, cpu := up.hits.Load(), srv.cpu()
+		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
+		}
+		smp.cpu = (srv.cpu() - cpu) / time.Duration(smp.requests)
+		// What reached the upstream proves the series measured what it
+		// says: every fresh request, and no replay.
+		switch forwarded := up.hits.Load() - hits; s.mode {
+		case "replay":
+			if forwarded != 0 {
+				return nil, 0, fmt.Errorf("%d replays reached the upstream", forwarded)
+			}
+		default:
+			if s.site != "" && strings.Contains(s.site, "reverse_proxy") && forwarded < smp.requests {
+				return nil, 0, fmt.Errorf("%d requests answered, %d reached the upstream", smp.requests, forwarded)
+			}
+		}
+		samples = append(samples, smp)
+	}
+	return samples, srv.peakRSS(), nil
+}
+
+// measurePgbench runs the PostgreSQL ledger's SQL for a fresh request in
+// the schema the postgres series created.
+func measurePgbench(cfg config) ([]sample, error) {
+	if _, err := runPgbench(cfg, cfg.postgres, "bench", cfg.warmup); err != nil {
+		return nil, err
+	}
+	var samples []sample
+	for rep := 0; rep < cfg.reps; rep++ {
+		smp, err := runPgbench(cfg, cfg.postgres, "bench", cfg.duration)
+		if err != nil {
+			return nil, err
+		}
+		samples = append(samples, smp)
+	}
+	return samples, nil
+}
+
+// median returns the medians of each measure over the samples.
+func median(samples []sample) result {
+	pick := func(f func(sample) float64) float64 {
+		v := make([]float64, len(samples))
+		for i, s := range samples {
+			v[i] = f(s)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	return result{
+		rps: pick(func(s sample) float64 { return s.rps }),
+		p50: time.Duration(pick(func(s sample) float64 { return float64(s.p50) })),
+		p99: time.Duration(pick(func(s sample) float64 { return float64(s.p99) })),
+		cpu: time.Duration(pick(func(s sample) float64 { return float64(s.cpu) })),
+	}
+}
+
+// printTable prints one row per series with its ratio to its baseline.
+func printTable(w io.Writer, results []result) {
+	byName := map[string]result{}
+	for _, r := range results {
+		byName[r.name] = r
+	}
+	fmt.Fprintf(w, "\n%-22s %8s %8s %8s %9s %8s  %-20s %6s %8s  %s\n",
+		"series", "req/s", "p50-ms", "p99-ms", "cpu-us/req", "peak-MiB", "baseline", "ratio", "+cpu-us", "target")
+	for _, r := range results {
+		cpu, rss := "-", "-"
+		if r.cpu > 0 {
+			cpu = fmt.Sprintf("%.1f", float64(r.cpu)/float64(time.Microsecond))
+		}
+		if r.peakRSS > 0 {
+			rss = fmt.Sprintf("%.1f", float64(r.peakRSS)/(1<<20))
+		}
+		ratio, extra, target := "", "", ""
+		if b, ok := byName[r.baseline]; ok {
+			q := r.rps / b.rps
+			ratio = fmt.Sprintf("%.2fx", q)
+			if r.cpu > 0 && b.cpu > 0 {
+				extra = fmt.Sprintf("%+.1f", float64(r.cpu-b.cpu)/float64(time.Microsecond))
+			}
+			if r.target > 0 {
+				met := q >= r.target
+				target = fmt.Sprintf(">= %.1fx", r.target)
+				if r.extraCPU > 0 {
+					target += fmt.Sprintf(", <= +%.0f us", float64(r.extraCPU)/float64(time.Microsecond))
+					met = met && r.cpu-b.cpu <= r.extraCPU
+				}
+				if met {
+					target += " met"
+				} else {
+					target += " MISSED"
+				}
+			}
+		}
+		fmt.Fprintf(w, "%-22s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
+			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, target)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

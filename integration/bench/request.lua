@@ -1,0 +1,39 @@
+-- The benchmark's request for wrk: a small JSON POST, like a payment API's.
+-- Arguments (after --): mode, prefix, keys.
+--   plain   no Idempotency-Key
+--   fresh   a new key on every request: <prefix>-<thread>-<n>
+--   replay  one of <keys> keys (default 64), <prefix>-<i>, created before
+--   random  a random one of <keys> keys (the soak)
+
+wrk.method = "POST"
+wrk.path = "/charges"
+wrk.body = '{"amount":4200,"currency":"eur"}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer bench"
+
+local threads = 0
+
+function setup(thread)
+	threads = threads + 1
+	thread:set("id", threads)
+end
+
+function init(args)
+	mode = args[1] or "plain"
+	prefix = args[2] or "bench"
+	keys = tonumber(args[3] or "64")
+	n = 0
+	math.randomseed(id * 7919 + os.time())
+end
+
+function request()
+	n = n + 1
+	if mode == "fresh" then
+		wrk.headers["Idempotency-Key"] = prefix .. "-" .. id .. "-" .. n
+	elseif mode == "replay" then
+		wrk.headers["Idempotency-Key"] = prefix .. "-" .. (n % keys)
+	elseif mode == "random" then
+		wrk.headers["Idempotency-Key"] = prefix .. "-" .. math.random(keys)
+	end
+	return wrk.format()
+end

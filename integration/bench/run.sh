@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Measures the gateway side by side with plain Caddy (same Caddy version)
+# and with pgbench running the PostgreSQL ledger's SQL, in one run on
+# loopback, and prints one table of medians with each series' ratio to its
+# baseline; then 10,000 clients waiting on one key, and a 5-minute memory
+# soak. Installs wrk from Debian packages when missing; starts throwaway
+# PostgreSQL and Redis servers (see ../services.sh). About 12 minutes.
+#
+# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 3] [-only REGEXP] [-soak 5m] [-waiters 10000]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. integration/services.sh
+
+if ! command -v wrk >/dev/null; then
+	log "installing wrk"
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends wrk >/dev/null
+fi
+
+log "building the gateway and plain Caddy"
+go build -o "$WORK/onejob" ./cmd/caddy
+go build -o "$WORK/plain" ./integration/bench/plaincaddy
+go build -o "$WORK/bench" ./integration/bench
+
+log "benchmarks"
+"$WORK/bench" -gateway "$WORK/onejob" -plain "$WORK/plain" -pgbench "$PGBIN/pgbench" \
+	-postgres "$ONEJOB_TEST_POSTGRES" -redis "$ONEJOB_TEST_REDIS" "$@"
