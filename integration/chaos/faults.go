@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// services locates the throwaway servers integration/services.sh started;
+// run.sh exports these variables.
+type services struct {
+	Work      string // services.sh's $WORK: pg/ and redis/ live there
+	PGBin     string
+	PGUser    string // the OS user PostgreSQL runs as, when we are root
+	RedisPort string
+	Postgres  string // DSN
+	Redis     string // URL
+}
+
+func servicesFromEnv() services {
+	return services{
+		Work:      os.Getenv("WORK"),
+		PGBin:     os.Getenv("PGBIN"),
+		PGUser:    os.Getenv("PGUSER_OS"),
+		RedisPort: os.Getenv("REDISPORT"),
+		Postgres:  os.Getenv("ONEJOB_TEST_POSTGRES"),
+		Redis:     os.Getenv("ONEJOB_TEST_REDIS"),
+	}
+}
+
+// canRestart reports why the ledger's server cannot be restarted, if so.
+func (s services) canRestart(ledger string) error {
+	missing := []string{}
+	if s.Work == "" {
+		missing = append(missing, "WORK")
+	}
+	switch ledger {
+	case "postgres":
+		if s.PGBin == "" {
+			missing = append(missing, "PGBIN")
+		}
+	case "redis":
+		if s.RedisPort == "" {
+			missing = append(missing, "REDISPORT")
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("restarting %s needs %s from integration/services.sh: run ./integration/chaos/run.sh (or pass -restarts 0)",
+			ledger, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// faults injects the run's process faults: SIGKILLed gateway instances and
+// restarts of the ledger's server, one at a time.
+type faults struct {
+	fleet  fleet
+	ledger string
+	svc    services
+	out    *os.File // output of the commands run, and a line per fault
+
+	mu       sync.Mutex
+	kills    int
+	restarts int
+	events   []string
+}
+
+func (f *faults) logf(format string, args ...any) {
+	line := time.Now().Format("15:04:05.000") + " " + fmt.Sprintf(format, args...)
+	f.mu.Lock()
+	f.events = append(f.events, line)
+	f.mu.Unlock()
+	fmt.Fprintln(f.out, line)
+}
+
+// run spreads kills and restarts evenly over the middle of a load of
+// length d, alternating them. However it ends, every instance is running
+// again when it returns (or the error says why not).
+func (f *faults) run(ctx context.Context, d time.Duration, kills, restarts int) error {
+	var plan []string
+	for i := 0; i < kills || i < restarts; i++ {
+		if i < kills {
+			plan = append(plan, "kill")
+		}
+		if i < restarts {
+			plan = append(plan, "restart")
+		}
+	}
+	start := time.Now()
+	var err error
+	for i, what := range plan {
+		at := time.Duration(float64(d) * (0.15 + 0.7*(float64(i)+0.5)/float64(len(plan))))
+		if !sleep(ctx, time.Until(start.Add(at))) {
+			break
+		}
+		switch what {
+		case "kill":
+			err = f.killOne(ctx)
+		case "restart":
+			err = f.restartLedger(ctx)
+		}
+		if err != nil {
+			break
+		}
+	}
+	// Whatever happened, the fleet ends whole.
+	for _, g := range f.fleet {
+		if !g.running() {
+			if serr := g.start(); serr != nil {
+				err = errors.Join(err, serr)
+			}
+		}
+	}
+	return err
+}
+
+// killOne kills a random instance with SIGKILL and starts it again 1–3 s
+// later, on the same ports and config.
+func (f *faults) killOne(ctx context.Context) error {
+	g := f.fleet[rand.IntN(len(f.fleet))]
+	g.kill()
+	f.mu.Lock()
+	f.kills++
+	f.mu.Unlock()
+	down := randDuration(time.Second, 3*time.Second)
+	f.logf("killed gateway %d (SIGKILL), restarting in %s", g.n, down.Round(time.Millisecond))
+	sleep(ctx, down)
+	if err := g.start(); err != nil {
+		// The ledger may be mid-restart; one more try.
+		time.Sleep(2 * time.Second)
+		if err := g.start(); err != nil {
+			return err
+		}
+	}
+	f.logf("gateway %d running again", g.n)
+	return nil
+}
+
+// restartLedger restarts PostgreSQL (pg_ctl restart -m fast) or Redis
+// (SIGTERM, then a new redis-server on the same port and data).
+func (f *faults) restartLedger(ctx context.Context) error {
+	f.logf("restarting %s", f.ledger)
+	t := time.Now()
+	var err error
+	switch f.ledger {
+	case "postgres":
+		err = f.restartPostgres(ctx)
+	case "redis":
+		err = f.restartRedis(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("restarting %s: %w", f.ledger, err)
+	}
+	f.mu.Lock()
+	f.restarts++
+	f.mu.Unlock()
+	f.logf("%s restarted in %s", f.ledger, time.Since(t).Round(time.Millisecond))
+	return nil
+}
+
+// asPG runs a PostgreSQL tool as the user services.sh runs the server as.
+func (f *faults) asPG(ctx context.Context, tool string, args ...string) *exec.Cmd {
+	path := filepath.Join(f.svc.PGBin, tool)
+	var cmd *exec.Cmd
+	if f.svc.PGUser != "" {
+		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", f.svc.PGUser, "--", path}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, path, args...)
+	}
+	// A file, not a pipe: the restarted server inherits these descriptors.
+	cmd.Stdout, cmd.Stderr = f.out, f.out
+	return cmd
+}
+
+func (f *faults) restartPostgres(ctx context.Context) error {
+	dir := filepath.Join(f.svc.Work, "pg")
+	cctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	return f.asPG(cctx, "pg_ctl", "-D", dir, "-l", filepath.Join(dir, "server.log"), "-m", "fast", "-w", "-t", "60", "restart").Run()
+}
+
+// redisArgs are services.sh's redis-server arguments, with the append-only
+// file on: a restart must not lose an acknowledged reservation.
+func (f *faults) redisArgs() []string {
+	dir := filepath.Join(f.svc.Work, "redis")
+	return []string{"--port", f.svc.RedisPort, "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "yes", "--appendfsync", "always",
+		"--dir", dir, "--daemonize", "yes", "--pidfile", filepath.Join(f.svc.Work, "redis.pid"),
+		"--logfile", filepath.Join(dir, "redis.log")}
+}
+
+func (f *faults) restartRedis(ctx context.Context) error {
+	pidPath := filepath.Join(f.svc.Work, "redis.pid")
+	b, err := os.ReadFile(pidPath)
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", pidPath, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(pid, 0) == nil; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server %d did not stop in 30s", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd := exec.CommandContext(ctx, "redis-server", f.redisArgs()...)
+	cmd.Stdout, cmd.Stderr = f.out, f.out
+	if err := cmd.Run(); err != nil {
+		return err
+	}
+	return waitRedis(ctx, f.svc.Redis)
+}
+
+// waitRedis waits until Redis answers PING (it refuses while loading).
+func waitRedis(ctx context.Context, url string) error {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return err
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := c.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("redis did not come back: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// redisDurable turns on the append-only file with an fsync per write in the
+// running server, as the README asks of a Redis ledger, and waits until the
+// first rewrite is done.
+func redisDurable(ctx context.Context, url string) error {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return err
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	if err := c.ConfigSet(ctx, "appendfsync", "always").Err(); err != nil {
+		return err
+	}
+	if err := c.ConfigSet(ctx, "appendonly", "yes").Err(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := c.Info(ctx, "persistence").Result()
+		if err != nil {
+			return err
+		}
+		if strings.Contains(info, "aof_enabled:1") && strings.Contains(info, "aof_rewrite_in_progress:0") &&
+			strings.Contains(info, "aof_rewrite_scheduled:0") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("redis: the append-only file was not ready in 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (f *faults) counts() (kills, restarts int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.kills, f.restarts
+}

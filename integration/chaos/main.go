@@ -1,0 +1,375 @@
+// Command chaos is the onejob chaos soak: three gateway instances on one
+// shared ledger (PostgreSQL or Redis), an upstream that misbehaves on
+// purpose, 200 clients retrying over a few thousand keys, a gateway killed
+// with SIGKILL and the ledger's server restarted mid-run. Once every
+// deadline has passed, it checks the upstream's record of what it executed,
+// the ledger (through the admin API) and every answer the clients got, and
+// exits 1 on any violation.
+//
+// Run it with ./integration/chaos/run.sh, which starts the servers and
+// builds the gateway; see -h for the knobs.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/onejob/onejob/proxy"
+)
+
+// discardLog silences the upstream's http.Server: its resets are on purpose.
+var discardLog = log.New(io.Discard, "", 0)
+
+// options are the driver's flags.
+type options struct {
+	ledger          string
+	binary          string
+	work            string
+	short           bool
+	duration        time.Duration
+	clients         int
+	owners          int
+	keys            int
+	kills           int
+	restarts        int
+	attemptTimeout  time.Duration
+	attemptDeadline time.Duration
+	inFlightWait    time.Duration
+	maxTries        int
+	think           time.Duration
+	acceptResets    float64
+	maxViolations   int
+}
+
+func parseOptions() options {
+	var o options
+	flag.StringVar(&o.ledger, "ledger", "", "the shared ledger: postgres or redis (required)")
+	flag.StringVar(&o.binary, "binary", "", "the gateway binary, built from ./cmd/caddy (required)")
+	flag.StringVar(&o.work, "work", "", "directory for configs and logs (default: a new temporary one)")
+	flag.BoolVar(&o.short, "short", false, "a CI-sized run: less load, fewer keys and faults")
+	flag.DurationVar(&o.duration, "duration", 150*time.Second, "how long the clients run (-short: 25s)")
+	flag.IntVar(&o.clients, "clients", 200, "concurrent clients")
+	flag.IntVar(&o.owners, "owners", 5, "owners (Authorization: Bearer <owner>) (-short: 4)")
+	flag.IntVar(&o.keys, "keys", 800, "keys per owner, the same key names under every owner (-short: 250)")
+	flag.IntVar(&o.kills, "kills", 3, "gateway instances killed with SIGKILL and restarted (-short: 1)")
+	flag.IntVar(&o.restarts, "restarts", 2, "restarts of the ledger's server (-short: 1)")
+	flag.DurationVar(&o.attemptTimeout, "attempt-timeout", 500*time.Millisecond, "the gateways' attempt_timeout")
+	flag.DurationVar(&o.attemptDeadline, "attempt-deadline", 3*time.Second, "the gateways' attempt_deadline")
+	flag.DurationVar(&o.inFlightWait, "in-flight-wait", time.Second, "the gateways' in_flight wait")
+	flag.IntVar(&o.maxTries, "max-tries", 30, "requests per client session before it gives up")
+	flag.DurationVar(&o.think, "think", 500*time.Millisecond, "mean pause of a client between sessions")
+	flag.Float64Var(&o.acceptResets, "accept-resets", 0.03, "odds that the upstream resets a connection it accepts")
+	flag.IntVar(&o.maxViolations, "max-violations", 300, "violations printed in full; the rest are counted")
+	flag.Parse()
+
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.short {
+		short := map[string]func(){
+			"duration": func() { o.duration = 25 * time.Second },
+			"owners":   func() { o.owners = 4 },
+			"keys":     func() { o.keys = 250 },
+			"kills":    func() { o.kills = 1 },
+			"restarts": func() { o.restarts = 1 },
+		}
+		for name, apply := range short {
+			if !set[name] {
+				apply()
+			}
+		}
+	}
+	return o
+}
+
+var ownerNames = []string{"alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"}
+
+func main() {
+	o := parseOptions()
+	if err := o.valid(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		flag.Usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := run(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+	}
+	os.Exit(code)
+}
+
+func (o options) valid() error {
+	switch {
+	case o.ledger != "postgres" && o.ledger != "redis":
+		return fmt.Errorf("-ledger must be postgres or redis, not %q", o.ledger)
+	case o.binary == "":
+		return fmt.Errorf("-binary is required (go build -o caddy ./cmd/caddy)")
+	case o.owners < 1 || o.owners > len(ownerNames):
+		return fmt.Errorf("-owners must be from 1 to %d", len(ownerNames))
+	case o.keys < 1 || o.clients < 1 || o.maxTries < 1:
+		return fmt.Errorf("-keys, -clients and -max-tries must be positive")
+	case o.attemptTimeout <= 0 || o.attemptDeadline <= o.attemptTimeout:
+		return fmt.Errorf("-attempt-deadline must be longer than -attempt-timeout")
+	}
+	return nil
+}
+
+const ownerSecret = "chaos-soak-secret"
+
+var providers = []string{"primary", "fallback"}
+
+// run is one soak on one ledger. It returns the exit code: 0 clean, 1 on a
+// violation, 2 when the soak itself could not run.
+func run(ctx context.Context, o options) (int, error) {
+	began := time.Now()
+	// Everything below is bounded; this is the last resort.
+	hardLimit := o.duration + 4*time.Minute
+	ctx, cancel := context.WithTimeout(ctx, hardLimit)
+	defer cancel()
+
+	svc := servicesFromEnv()
+	if o.restarts > 0 {
+		if err := svc.canRestart(o.ledger); err != nil {
+			return 2, err
+		}
+	}
+	var ledgerLine string
+	switch o.ledger {
+	case "postgres":
+		if svc.Postgres == "" {
+			return 2, fmt.Errorf("ONEJOB_TEST_POSTGRES is not set: run ./integration/chaos/run.sh")
+		}
+		ledgerLine = "ledger postgres " + svc.Postgres + " chaos"
+	case "redis":
+		if svc.Redis == "" {
+			return 2, fmt.Errorf("ONEJOB_TEST_REDIS is not set: run ./integration/chaos/run.sh")
+		}
+		if err := redisDurable(ctx, svc.Redis); err != nil {
+			return 2, fmt.Errorf("making Redis durable: %w", err)
+		}
+		ledgerLine = "ledger redis " + svc.Redis + " chaos:"
+	}
+	if o.work == "" {
+		dir, err := os.MkdirTemp("", "onejob-chaos")
+		if err != nil {
+			return 2, err
+		}
+		o.work = dir
+	}
+	if err := os.MkdirAll(o.work, 0o755); err != nil {
+		return 2, err
+	}
+	faultLog, err := os.Create(filepath.Join(o.work, "faults.log"))
+	if err != nil {
+		return 2, err
+	}
+	defer faultLog.Close()
+
+	up, err := newUpstream(providers, o.attemptTimeout, o.attemptDeadline, o.acceptResets)
+	if err != nil {
+		return 2, err
+	}
+	defer up.close()
+
+	cfg := gatewayConfig{
+		Binary: o.binary, Ledger: ledgerLine, OwnerSecret: ownerSecret,
+		AttemptTimeout: o.attemptTimeout, AttemptDeadline: o.attemptDeadline, InFlightWait: o.inFlightWait,
+		Providers: providers, Upstreams: up.addrs,
+	}
+	var gws fleet
+	for n := range 3 {
+		g, err := newGateway(n, o.work, cfg)
+		if err != nil {
+			return 2, err
+		}
+		gws = append(gws, g)
+	}
+	defer gws.stop()
+	if err := gws.startAll(ctx); err != nil {
+		return 2, err
+	}
+	fmt.Printf("chaos: %s ledger, 3 gateways, %d clients, %s of load; logs in %s\n", o.ledger, o.clients, o.duration, o.work)
+
+	// The load, with the faults alongside.
+	cl := newClients(clientConfig{
+		Clients: o.clients, Owners: ownerNames[:o.owners], Keys: o.keys, MaxTries: o.maxTries,
+		Gateways: gws.urls, ThinkTime: o.think,
+	})
+	f := &faults{fleet: gws, ledger: o.ledger, svc: svc, out: faultLog}
+	loadCtx, endLoad := context.WithTimeout(ctx, o.duration)
+	defer endLoad()
+	faultErr := make(chan error, 1)
+	go func() { faultErr <- f.run(loadCtx, o.duration, o.kills, o.restarts) }()
+	cl.run(loadCtx)
+	loadEnded := time.Now()
+	if err := <-faultErr; err != nil {
+		return 2, fmt.Errorf("injecting faults: %w", err)
+	}
+	if ctx.Err() != nil {
+		return 2, fmt.Errorf("interrupted: %w", ctx.Err())
+	}
+
+	// Let every lease run out and every attempt end before looking.
+	sleep(ctx, time.Until(loadEnded.Add(o.attemptDeadline+2*time.Second)))
+	idleCtx, idleCancel := context.WithTimeout(ctx, 30*time.Second)
+	idle := up.idle(idleCtx)
+	idleCancel()
+	if !idle {
+		return 2, fmt.Errorf("the upstream still has requests running %s after the load ended", time.Since(loadEnded).Round(time.Second))
+	}
+
+	ev := &evidence{
+		Hasher:    proxy.NewHasher([]byte(ownerSecret)),
+		Providers: providers,
+		IDs:       cl.identities(),
+		Arrivals:  up.snapshot(),
+		Exchanges: cl.exchanges(),
+	}
+	admin := gws.anyRunning()
+	if admin == nil {
+		return 2, fmt.Errorf("no gateway is running")
+	}
+	if ev.Jobs, err = readLedger(ctx, admin); err != nil {
+		return 2, fmt.Errorf("reading the ledger: %w", err)
+	}
+	ev.Replays = replayAll(ctx, gws.urls(), replayable(ev))
+	ev.ArrivalsAfter = up.count()
+
+	r := check(ev)
+	kills, restarts := f.counts()
+	printReport(os.Stdout, o, r, ev, cl, up, kills, restarts, f.events, time.Since(began))
+	if len(r.Violations) > 0 {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// replayable returns the identities whose job is finished for good
+// (completed or unknown): a replay of those changes nothing. A failed job
+// would start a new attempt.
+func replayable(ev *evidence) []identity {
+	byHash := map[string]bool{}
+	for _, j := range ev.Jobs {
+		if j.State == "completed" || j.State == "unknown" {
+			byHash[j.OwnerHash+"/"+j.KeyHash] = true
+		}
+	}
+	var out []identity
+	for _, id := range ev.IDs {
+		h := fmt.Sprintf("%x/%x", ev.Hasher.Owner("Bearer "+id.Owner), ev.Hasher.Key(id.Key))
+		if byHash[h] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, up *upstream, kills, restarts int, events []string, took time.Duration) {
+	var (
+		requests, retries, timeouts, disconnects, transport, replayed int
+		statuses                                                      = map[int]int{}
+		problems                                                      = map[string]int{}
+	)
+	for _, e := range ev.Exchanges {
+		requests++
+		if e.Try > 1 {
+			retries++
+		}
+		switch {
+		case e.Cut == "timeout":
+			timeouts++
+		case e.Cut == "disconnect":
+			disconnects++
+		case e.Err != "":
+			transport++
+		default:
+			statuses[e.Status]++
+			if e.Replayed {
+				replayed++
+			}
+			if e.Problem != "" {
+				problems[fmt.Sprintf("%d %s", e.Status, e.Problem)]++
+			}
+		}
+	}
+	row := func(name string, format string, args ...any) {
+		fmt.Fprintf(w, "  %-28s %s\n", name, fmt.Sprintf(format, args...))
+	}
+	fmt.Fprintf(w, "\nchaos soak on %s: %s (load %s)\n", o.ledger, took.Round(time.Second), o.duration)
+	row("requests", "%d (%d first tries, %d retries)", requests, requests-retries, retries)
+	row("client sessions", "%d (%d gave up after %d tries)", cl.sessions.Load(), cl.gaveUp.Load(), o.maxTries)
+	row("client timeouts", "%d", timeouts)
+	row("client disconnects", "%d", disconnects)
+	row("transport errors", "%d (refused, reset, cut short)", transport)
+	row("answers by status", "%s", countList(statuses))
+	row("gateway problems", "%s", countList(problems))
+	row("replayed answers", "%d", replayed)
+	row("jobs", "%d (%s)", len(ev.Jobs), countList(r.JobsByState))
+	attempts := 0
+	for _, n := range r.AttemptsByState {
+		attempts += n
+	}
+	row("attempts", "%d (%s)", attempts, countList(r.AttemptsByState))
+	row("upstream arrivals", "%d (%d executions)", r.Arrivals, r.Executions)
+	row("attempts never arrived", "%d", r.NeverReached)
+	row("unknown jobs", "%d", r.JobsByState["unknown"])
+	row("races lost", "%d", r.AttemptsByState["lost"])
+	row("results to clients", "%d (%d answered but not recorded)", r.ClientResults, r.NotRecorded)
+	row("answers not stored", "%d (streams cut short after they won)", r.Unstored)
+	faults := map[string]int{}
+	for b, n := range up.faultCounts() {
+		faults[behaviour(b).String()] = n
+	}
+	faults["reset on accept"] = int(up.resets.Load())
+	row("upstream behaviours", "%s", countList(faults))
+	row("gateway kills (SIGKILL)", "%d", kills)
+	row("ledger restarts", "%d", restarts)
+	for _, e := range events {
+		fmt.Fprintf(w, "    %s\n", e)
+	}
+	fmt.Fprintf(w, "  %-28s %d\n", "violations", len(r.Violations))
+	for i, v := range r.Violations {
+		if i == o.maxViolations {
+			fmt.Fprintf(w, "    ... and %d more\n", len(r.Violations)-i)
+			break
+		}
+		fmt.Fprintf(w, "    VIOLATION %s\n", v)
+	}
+}
+
+// countList prints counts as "name n, name n", largest first.
+func countList[K comparable](m map[K]int) string {
+	type kv struct {
+		k string
+		n int
+	}
+	var l []kv
+	for k, n := range m {
+		l = append(l, kv{fmt.Sprint(k), n})
+	}
+	sort.Slice(l, func(a, b int) bool {
+		if l[a].n != l[b].n {
+			return l[a].n > l[b].n
+		}
+		return l[a].k < l[b].k
+	})
+	parts := make([]string, len(l))
+	for i, x := range l {
+		parts[i] = fmt.Sprintf("%s %d", x.k, x.n)
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
