@@ -100,12 +100,15 @@ func (c *capture) Write(p []byte) (int, error) {
 }
 
 // Flush marks a streamed answer: it is offered to commit, and once it goes
-// to the client, the flush goes through.
+// to the client, the flush goes through. An answer with a Content-Length is
+// not a stream, and a flush does not commit it: reverse_proxy flushes an
+// answer cut short just before it aborts, and such an answer, which has not
+// won, must stay unknown rather than take the result slot.
 func (c *capture) Flush() {
 	if !c.wrote {
 		c.WriteHeader(http.StatusOK)
 	}
-	if !c.committed {
+	if !c.committed && c.header.Get("Content-Length") == "" {
 		c.tryCommit(false)
 	}
 	if f, ok := c.out.(http.Flusher); ok {
