@@ -58,6 +58,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: adminJobsPath, Handler: caddy.AdminHandlerFunc(a.handleJobs)},
 		{Pattern: adminJobsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleJob)},
 		{Pattern: adminProvidersPath, Handler: caddy.AdminHandlerFunc(a.handleProviders)},
+		{Pattern: uiPath, Handler: caddy.AdminHandlerFunc(serveUI)},
 	}
 }
 
