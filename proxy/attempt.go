@@ -164,11 +164,18 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	m := rn.m
 	pol := &m.policy
 	results := make(chan result, len(pol.Providers)+1)
+	// Without hedging, attempts run one at a time: each runs on this
+	// goroutine, its result waiting in the channel for the loop below.
+	inline := pol.HedgeAfter <= 0
 	launch := func(att ledger.Attempt, p int) {
 		rn.mu.Lock()
 		rn.running[att.ID] = false
 		rn.attempts[att.ID] = att
 		rn.mu.Unlock()
+		if inline {
+			results <- rn.attempt(att, p)
+			return
+		}
 		go func() { results <- rn.attempt(att, p) }()
 	}
 	var (

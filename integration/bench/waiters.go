@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,10 +31,10 @@ func benchWaiters(cfg config, w io.Writer) error {
 		io.Copy(io.Discard, r.Body)
 		reached.Add(1)
 		<-release
+		// Stamped before the answer leaves (a flush would make it a stream).
+		answered.Store(time.Now().UnixNano())
 		rw.Header().Set("Content-Type", "application/json")
 		io.WriteString(rw, answer)
-		rw.(http.Flusher).Flush()
-		answered.Store(time.Now().UnixNano())
 	}))
 	site := "\tidempotency {\n\t\tledger memory\n\t\tattempt_timeout 2m\n\t\tin_flight wait 2m\n\t}\n\treverse_proxy " + l.Addr().String() + "\n"
 	srv, err := startServer(cfg.gateway, cfg.work, "waiters", "\tmetrics\n", site)
@@ -82,7 +84,17 @@ func benchWaiters(cfg config, w io.Writer) error {
 		}
 	}
 	err = until(2*time.Minute, func() bool { return inFlightRequests(srv.admin) >= float64(cfg.waiters) })
-	holding := srv.rss()
+	holding, stacks, heap := srv.rss(), metric(srv.admin, "go_memstats_stack_inuse_bytes"), metric(srv.admin, "go_memstats_heap_inuse_bytes")
+	if os.Getenv("ONEJOB_BENCH_PPROF") != "" {
+		for _, p := range []string{"heap", "goroutine"} {
+			if resp, err := http.Get("http://" + srv.admin + "/debug/pprof/" + p); err == nil {
+				f, _ := os.Create(filepath.Join(os.Getenv("ONEJOB_BENCH_PPROF"), "waiters-"+p+".pprof"))
+				io.Copy(f, resp.Body)
+				f.Close()
+				resp.Body.Close()
+			}
+		}
+	}
 	close(release)
 	wg.Wait()
 	if err != nil {
@@ -105,13 +117,31 @@ func benchWaiters(cfg config, w io.Writer) error {
 	fmt.Fprintf(w, "\n%d clients waiting on one in-flight key (memory ledger): one upstream call, every client got the answer\n", cfg.waiters)
 	fmt.Fprintf(w, "  RSS: %.1f MiB idle, %.1f MiB holding them, %.1f MiB peak (target < 200 MB)\n",
 		float64(rssBefore)/(1<<20), float64(holding)/(1<<20), float64(srv.peakRSS())/(1<<20))
+	fmt.Fprintf(w, "  holding them: %.1f MiB of goroutine stacks, %.1f MiB of heap\n", stacks/(1<<20), heap/(1<<20))
 	fmt.Fprintf(w, "  from the upstream's answer: median client released after %.1f ms, the last after %.1f ms (target < 100 ms)\n",
 		ms(percentile(lags, 0.5)), ms(last))
 	return nil
 }
 
-// inFlightRequests reads Caddy's caddy_http_requests_in_flight for the
-// idempotency handler from the admin endpoint's metrics.
+// metric reads one unlabelled metric from the admin endpoint's metrics.
+func metric(admin, name string) float64 {
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// inFlightRequests reads Caddy's caddy_http_requests_in_flight from the
+// admin endpoint's metrics (the site has one route).
 func inFlightRequests(admin string) float64 {
 	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
@@ -122,7 +152,7 @@ func inFlightRequests(admin string) float64 {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "caddy_http_requests_in_flight{") && strings.Contains(line, `handler="idempotency"`) {
+		if strings.HasPrefix(line, "caddy_http_requests_in_flight{") {
 			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 			total += v
 		}
