@@ -16,8 +16,8 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// ledgerTimeout bounds each ledger call made on behalf of an attempt, which
-// is detached from the client's request.
+// ledgerTimeout bounds each ledger call: a reservation, and the calls made
+// on behalf of an attempt, which is detached from the client's request.
 const ledgerTimeout = 15 * time.Second
 
 // Middleware is the idempotent request flow.
@@ -131,7 +131,12 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		Attempt:            ledger.NextAttempt{Provider: m.cfg.Providers[0].Name, Lease: m.cfg.AttemptDeadline},
 	}
 	start := time.Now()
-	res, err := m.cfg.Ledger.Reserve(r.Context(), params)
+	// A ledger that does not answer is a ledger that cannot reserve: the
+	// wait is bounded, like every ledger call of an attempt, and ends in a
+	// 503 rather than holding the client (and a goroutine) indefinitely.
+	rctx, cancel := context.WithTimeout(r.Context(), ledgerTimeout)
+	res, err := m.cfg.Ledger.Reserve(rctx, params)
+	cancel()
 	m.cfg.Observer.LedgerOp("reserve", time.Since(start))
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -316,7 +321,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
 	h := w.Header()
 	for k, v := range a.Header {
-		h[k] = v
+		h[k] = slices.Clip(v) // shared with the ledger: an append copies it
 	}
 	h.Set(HeaderJobID, jobID)
 	if replayed {
