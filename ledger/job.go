@@ -98,7 +98,9 @@ type AttemptRef struct {
 	Version   int64
 }
 
-// Response is a stored answer: status, end-to-end headers and body.
+// Response is a stored answer: status, end-to-end headers and body. Once a
+// ledger holds it, it is never changed (a change is a new Response), so
+// jobs read from a ledger may share it: treat it as read-only.
 type Response struct {
 	Status int
 	Header map[string][]string
@@ -115,13 +117,12 @@ func NewID() string {
 	return uuid.Must(uuid.NewV7()).String()
 }
 
-// Clone returns a deep copy of the job.
+// Clone returns a copy of the job that shares its read-only response.
 func (j *Job) Clone() *Job {
 	if j == nil {
 		return nil
 	}
-	c := *j
-	c.Response = j.Response.Clone()
+	c := *j // the response is shared: it is never changed once set
 	if j.Attempts != nil {
 		c.Attempts = append([]Attempt(nil), j.Attempts...)
 	}

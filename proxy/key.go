@@ -4,7 +4,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"errors"
-	"hash"
 )
 
 // MaxKeyLength is the longest idempotency key accepted, in bytes.
@@ -79,16 +78,19 @@ type Hasher struct {
 func NewHasher(secret []byte) Hasher { return Hasher{secret: secret} }
 
 func (h Hasher) sum(domain, value string) []byte {
-	var m hash.Hash
 	if len(h.secret) > 0 {
-		m = hmac.New(sha256.New, h.secret)
-	} else {
-		m = sha256.New()
+		m := hmac.New(sha256.New, h.secret)
+		m.Write([]byte(domain))
+		m.Write([]byte{0})
+		m.Write([]byte(value))
+		return m.Sum(nil)
 	}
-	m.Write([]byte(domain))
-	m.Write([]byte{0})
-	m.Write([]byte(value))
-	return m.Sum(nil)
+	// The same bytes through SHA-256, in one buffer: most keys and owners
+	// are short enough for it to stay on the stack.
+	buf := make([]byte, 0, 256)
+	buf = append(append(append(buf, domain...), 0), value...)
+	sum := sha256.Sum256(buf)
+	return sum[:]
 }
 
 // Owner returns the stored hash of an owner.

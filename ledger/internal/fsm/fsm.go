@@ -182,12 +182,13 @@ func SaveBody(j *ledger.Job, ref ledger.AttemptRef, body []byte, size int64, sto
 	if j.CompletedBy != ref.AttemptID || j.Response == nil {
 		return ledger.ErrStale
 	}
-	j.Response.Size = size
-	j.Response.Stored = stored
-	j.Response.Body = nil
+	// A new response, not a change to the old one: readers share it.
+	r := *j.Response
+	r.Size, r.Stored, r.Body = size, stored, nil
 	if stored {
-		j.Response.Body = bytes.Clone(body)
+		r.Body = bytes.Clone(body)
 	}
+	j.Response = &r
 	return nil
 }
 
