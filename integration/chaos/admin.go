@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -158,7 +159,7 @@ func replayAll(ctx context.Context, gws []string, ids []identity) map[identity]e
 }
 
 func replayOne(ctx context.Context, client *http.Client, gw string, id identity) exchange {
-	e := exchange{ID: id, Start: time.Now()}
+	e := exchange{ID: id, Request: requestSeq.Add(1), Start: time.Now()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, gw+"/charges", bytes.NewReader(id.requestBody()))
 	if err != nil {
 		panic(err) // a fixed method and a valid URL
@@ -166,6 +167,8 @@ func replayOne(ctx context.Context, client *http.Client, gw string, id identity)
 	req.Header.Set("Idempotency-Key", id.Key)
 	req.Header.Set("Authorization", "Bearer "+id.Owner)
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(requestHeader, strconv.FormatUint(e.Request, 10))
+	req.GetBody = nil // one exchange, one request (see clients.send)
 	resp, err := client.Do(req)
 	if err == nil {
 		var b []byte

@@ -79,6 +79,7 @@ func check(ev *evidence) *report {
 	c.jobs()
 	c.arrivals()
 	c.attempts()
+	c.sequences()
 	c.overlaps()
 	c.winners()
 	c.exchanges()
@@ -255,6 +256,28 @@ func (c *checker) attempts() {
 	}
 }
 
+// sequences: without hedging or an operator, a job's next attempt starts
+// only once the previous one failed definitively, and an intent is
+// executed at most once.
+func (c *checker) sequences() {
+	for _, j := range c.sortedJobs() {
+		for i, at := range j.Attempts[:max(0, len(j.Attempts)-1)] {
+			if at.State != "failed" {
+				c.r.violate("job %s: attempt %d started after attempt %d ended %s", j.ID, j.Attempts[i+1].Number, at.Number, at.State)
+			}
+		}
+		var executed []string
+		for _, a := range c.byJob[j.ID] {
+			if a.Executed {
+				executed = append(executed, fmt.Sprintf("attempt %d (%s)", a.Attempt, a.Behaviour))
+			}
+		}
+		if len(executed) > 1 {
+			c.r.violate("job %s was executed %d times: %s", j.ID, len(executed), strings.Join(executed, ", "))
+		}
+	}
+}
+
 // overlaps: without hedging, a job's attempts follow one another at the
 // upstream; one starts only after the previous one ended.
 func (c *checker) overlaps() {
@@ -350,6 +373,9 @@ func (c *checker) exchanges() {
 		case e.Up != nil && e.Up.Job != e.JobID:
 			r.violate("%s: answer of job %s under Idempotency-Job-Id %s", e.ID, e.Up.Job, e.JobID)
 		}
+		if (e.Problem == "in-flight" || e.Problem == "attempt-failed") && !e.RetryAfter {
+			r.violate("%s: %d %s without Retry-After", e.ID, e.Status, e.Problem)
+		}
 		if e.Up == nil {
 			if e.Replayed {
 				r.violate("%s: a replay (%d %s) of an answer the upstream never wrote", e.ID, e.Status, e.Problem)
@@ -386,6 +412,12 @@ func (c *checker) result(e *exchange, j *adminJob) {
 		c.results[j.ID] = map[uint64]bool{}
 	}
 	c.results[j.ID][a.Seq] = true
+	// Idempotent-Replayed marks exactly the answers this request's own
+	// attempt did not produce.
+	if own := a.Request == e.Request; own == e.Replayed {
+		r.violate("%s: request %d got attempt %d's answer (started by request %d) with Idempotent-Replayed %v",
+			e.ID, e.Request, a.Attempt, a.Request, e.Replayed)
+	}
 	w := c.winner[j.ID]
 	switch {
 	case j.State == "completed" && w != nil:

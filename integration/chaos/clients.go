@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,9 +31,17 @@ func (id identity) requestBody() []byte {
 	return fmt.Appendf(nil, `{"owner":%q,"key":%q,"amount":%d}`, id.Owner, id.Key, int(h[0])<<8|int(h[1]))
 }
 
+// requestSeq numbers every request the driver sends; the number goes out
+// as X-Chaos-Request, which the gateway passes upstream, so an arrival
+// names the client request that started its attempt.
+var requestSeq atomic.Uint64
+
+const requestHeader = "X-Chaos-Request"
+
 // exchange is one request a client sent, and what came of it.
 type exchange struct {
 	ID       identity
+	Request  uint64 // X-Chaos-Request
 	Instance int
 	Try      int // 1 for a session's first request
 	Start    time.Time
@@ -70,7 +79,14 @@ type clientConfig struct {
 	MaxTries  int // per session
 	Gateways  func() []string
 	ThinkTime time.Duration // mean pause between sessions
+	// The keys in use slide from the first to the last over Duration, so
+	// that new jobs start throughout the run.
+	Start    time.Time
+	Duration time.Duration
 }
+
+// keyWindow is how many keys per owner are new at any moment.
+const keyWindow = 25
 
 // clients are the concurrent clients of a run.
 type clients struct {
@@ -126,15 +142,24 @@ func (c *clients) run(ctx context.Context) {
 	c.http.CloseIdleConnections()
 }
 
-// pick chooses the next identity: mostly any, sometimes one another client
-// chose a moment ago, so that duplicates meet in flight.
+// pick chooses the next identity: mostly one of the newest keys (a window
+// sliding over the keys as the run goes), sometimes an older one (a
+// replay), sometimes one another client chose a moment ago, so that
+// duplicates meet in flight.
 func (c *clients) pick() identity {
 	c.recent.Lock()
 	defer c.recent.Unlock()
-	if n := len(c.recent.ids); n > 0 && rand.IntN(4) == 0 {
+	if n := len(c.recent.ids); n > 0 && rand.IntN(5) == 0 {
 		return c.recent.ids[rand.IntN(n)]
 	}
-	id := identity{Owner: c.cfg.Owners[rand.IntN(len(c.cfg.Owners))], Key: keyName(rand.IntN(c.cfg.Keys))}
+	progress := min(1, float64(time.Since(c.cfg.Start))/float64(c.cfg.Duration))
+	window := min(keyWindow, c.cfg.Keys)
+	hi := window + int(progress*float64(c.cfg.Keys-window)) // keys [0, hi) are in use
+	k := hi - window + rand.IntN(window)
+	if rand.IntN(4) == 0 {
+		k = rand.IntN(hi)
+	}
+	id := identity{Owner: c.cfg.Owners[rand.IntN(len(c.cfg.Owners))], Key: keyName(k)}
 	c.recent.ids = append(c.recent.ids, id)
 	if len(c.recent.ids) > 64 {
 		c.recent.ids = c.recent.ids[1:]
@@ -195,7 +220,7 @@ func final(e exchange) bool {
 // send makes one request, with a random client-side timeout, and sometimes
 // walks away from it (a disconnect).
 func (c *clients) send(ctx context.Context, gw string, id identity, body []byte) exchange {
-	e := exchange{ID: id, Start: time.Now()}
+	e := exchange{ID: id, Request: requestSeq.Add(1), Start: time.Now()}
 	var (
 		limit time.Duration
 		cut   string
@@ -217,6 +242,11 @@ func (c *clients) send(ctx context.Context, gw string, id identity, body []byte)
 	req.Header.Set("Idempotency-Key", id.Key)
 	req.Header.Set("Authorization", "Bearer "+id.Owner)
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(requestHeader, strconv.FormatUint(e.Request, 10))
+	// Go's client re-sends a request carrying Idempotency-Key on its own
+	// when a reused connection breaks, if it can rewind the body: one
+	// exchange must be one request.
+	req.GetBody = nil
 	resp, err := c.http.Do(req)
 	if err == nil {
 		var b []byte

@@ -204,7 +204,7 @@ func run(ctx context.Context, o options) (int, error) {
 	// The load, with the faults alongside.
 	cl := newClients(clientConfig{
 		Clients: o.clients, Owners: ownerNames[:o.owners], Keys: o.keys, MaxTries: o.maxTries,
-		Gateways: gws.urls, ThinkTime: o.think,
+		Gateways: gws.urls, ThinkTime: o.think, Start: time.Now(), Duration: o.duration,
 	})
 	f := &faults{fleet: gws, ledger: o.ledger, svc: svc, out: faultLog}
 	loadCtx, endLoad := context.WithTimeout(ctx, o.duration)

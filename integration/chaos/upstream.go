@@ -78,6 +78,7 @@ type arrival struct {
 	Attempt    int    // Idempotency-Attempt; 0 when absent or malformed
 	Header     string // what was wrong with the attempt headers, if anything
 	Owner, Key string
+	Request    uint64 // the client request that started the attempt
 	Seq        uint64 // unique per arrival, echoed in the body
 	Behaviour  behaviour
 	Start, End time.Time // End: before the gateway could see the outcome
@@ -196,6 +197,7 @@ func (u *upstream) handler(provider string) http.Handler {
 			Start:     time.Now(),
 		}
 		a.Attempt, a.Header = attemptHeaders(r.Header)
+		a.Request, _ = strconv.ParseUint(r.Header.Get(requestHeader), 10, 64)
 		// Recorded however the handler ends, an aborting panic included.
 		defer u.record(a)
 		u.serve(w, r, a)
