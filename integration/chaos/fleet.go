@@ -21,6 +21,7 @@ type gatewayConfig struct {
 	AttemptTimeout  time.Duration
 	AttemptDeadline time.Duration
 	InFlightWait    time.Duration
+	HedgeAfter      time.Duration     // 0: no hedging
 	Providers       []string          // in order: the first is the primary
 	Upstreams       map[string]string // provider → host:port
 }
@@ -28,6 +29,9 @@ type gatewayConfig struct {
 // caddyfile is an instance's whole configuration.
 func (c gatewayConfig) caddyfile(port, admin int) string {
 	providers := ""
+	if c.HedgeAfter > 0 {
+		providers = fmt.Sprintf("\t\thedge_after %s\n", c.HedgeAfter)
+	}
 	for _, p := range c.Providers {
 		providers += fmt.Sprintf("\t\tprovider %s {\n\t\t\treverse_proxy %s\n\t\t}\n", p, c.Upstreams[p])
 	}

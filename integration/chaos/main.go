@@ -45,6 +45,7 @@ type options struct {
 	attemptTimeout  time.Duration
 	attemptDeadline time.Duration
 	inFlightWait    time.Duration
+	hedgeAfter      time.Duration
 	maxTries        int
 	think           time.Duration
 	acceptResets    float64
@@ -66,6 +67,8 @@ func parseOptions() options {
 	flag.DurationVar(&o.attemptTimeout, "attempt-timeout", 500*time.Millisecond, "the gateways' attempt_timeout")
 	flag.DurationVar(&o.attemptDeadline, "attempt-deadline", 3*time.Second, "the gateways' attempt_deadline")
 	flag.DurationVar(&o.inFlightWait, "in-flight-wait", time.Second, "the gateways' in_flight wait")
+	flag.DurationVar(&o.hedgeAfter, "hedge-after", 0, "the gateways' hedge_after; off by default. Hedging sends one intent twice on\n"+
+		"purpose, so the soak then reports double executions: a way to see that its checks bite")
 	flag.IntVar(&o.maxTries, "max-tries", 30, "requests per client session before it gives up")
 	flag.DurationVar(&o.think, "think", 500*time.Millisecond, "mean pause of a client between sessions")
 	flag.Float64Var(&o.acceptResets, "accept-resets", 0.03, "odds that the upstream resets a connection it accepts")
@@ -185,7 +188,8 @@ func run(ctx context.Context, o options) (int, error) {
 	cfg := gatewayConfig{
 		Binary: o.binary, Ledger: ledgerLine, OwnerSecret: ownerSecret,
 		AttemptTimeout: o.attemptTimeout, AttemptDeadline: o.attemptDeadline, InFlightWait: o.inFlightWait,
-		Providers: providers, Upstreams: up.addrs,
+		HedgeAfter: o.hedgeAfter,
+		Providers:  providers, Upstreams: up.addrs,
 	}
 	var gws fleet
 	for n := range 3 {
