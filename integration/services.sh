@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by test.sh and bench.sh: installs PostgreSQL and Redis from
+# Sourced by test.sh and bench.sh: installs PostgreSQL, Redis and Chromium from
 # Debian packages when they are missing, starts throwaway servers on free
 # loopback ports in a temporary directory, exports their addresses as
 # ONEJOB_TEST_POSTGRES and ONEJOB_TEST_REDIS, and stops them when the
@@ -27,6 +27,7 @@ pg_bindir() {
 missing=()
 [ -n "$(pg_bindir)" ] || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
+[ -x /usr/bin/chromium ] || missing+=(chromium) # the browser tests drive it headless
 if [ ${#missing[@]} -gt 0 ]; then
 	log "installing ${missing[*]}"
 	sudo=""
