@@ -347,10 +347,10 @@ function timeline(job) {
 		});
 		bar.style.left = pct(s.start) + "%";
 		bar.style.width = Math.max(pct(s.drawnEnd) - pct(s.start), 0.4) + "%";
+		const outcome = isWinner ? "★ won" : a.state === "succeeded" ? "" : a.state === "unknown" ? "outcome unknown" : a.state;
 		const note = el("span", {class: "tl-note"},
 			s.end !== null ? formatDuration(s.end - s.start) : "no end yet",
-			isWinner ? el("strong", {class: "tl-won"}, "★ won") : null,
-			a.state === "lost" ? el("strong", {class: "tl-lost"}, "lost") : null);
+			outcome ? el("strong", {class: isWinner ? "tl-won" : "tl-" + a.state}, outcome) : null);
 		note.style.left = pct(s.drawnEnd) + "%";
 		return el("div", {class: "tl-row", dataset: {number: a.number}},
 			el("div", {class: "tl-label"}, el("span", {class: "tl-name"}, attemptName(a)), badge(a.state, "attempt")),
@@ -373,18 +373,26 @@ function tickStep(span) {
 	return 10 * power;
 }
 
+// ANSWERED are the attempt states that come from an answer (or a definitive
+// failure); the others never returned one.
+const ANSWERED = ["succeeded", "lost", "failed"];
+
 function raceSummary(spans, job, t0) {
 	const at = (t) => "+" + formatDuration(t - t0);
 	const left = [...spans].sort((x, y) => x.start - y.start);
-	const returned = spans.filter((s) => s.end !== null).sort((x, y) => x.end - y.end);
-	const running = spans.filter((s) => s.end === null);
+	const returned = spans.filter((s) => s.end !== null && ANSWERED.includes(s.a.state)).sort((x, y) => x.end - y.end);
+	const silent = spans.filter((s) => !returned.includes(s));
 	const won = spans.find((s) => s.a.id === job.completed_by);
 	const lost = spans.filter((s) => s.a.state === "lost");
 	const list = (items, time) => items.map((s) => attemptName(s.a) + " at " + at(time(s))).join(", then ");
+	const silence = (s) => attemptName(s.a) + (
+		s.a.state === "starting" ? ": still running" :
+		s.a.state === "cancelled" ? ": cancelled" + (s.end !== null ? " at " + at(s.end) : "") :
+		": outcome unknown" + (s.end !== null ? " since " + at(s.end) : ""));
 	return el("dl", {class: "race", id: "race"},
 		el("dt", {}, "Left"), el("dd", {}, list(left, (s) => s.start)),
-		el("dt", {}, "Returned"), el("dd", {}, returned.length ? list(returned, (s) => s.end) : "none yet",
-			running.length ? "; still without an end: " + running.map((s) => attemptName(s.a)).join(", ") : ""),
+		el("dt", {}, "Returned"), el("dd", {}, returned.length ? list(returned, (s) => s.end) : "no answer yet"),
+		silent.length ? [el("dt", {}, "No answer"), el("dd", {}, silent.map(silence).join("; "))] : null,
 		el("dt", {}, "Won"), el("dd", {id: "race-won"}, won ? attemptName(won.a) : "no attempt has won"),
 		lost.length ? [el("dt", {}, "Lost"), el("dd", {id: "race-lost"}, lost.map((s) => attemptName(s.a)).join(", "))] : null);
 }
@@ -425,7 +433,8 @@ function resolvePanel(job) {
 		"Complete: retries get the answer below; an attempt that returns later loses."));
 
 	const confirmBox = el("div", {class: "confirm", id: "confirm", hidden: true});
-	const ask = (question, yesLabel, action) => {
+	// ask shows the confirmation below the control that asked for it.
+	const ask = (asker, question, yesLabel, action) => {
 		confirmBox.replaceChildren(
 			el("p", {}, question),
 			el("button", {type: "button", class: "danger", id: "confirm-yes", onclick: async (ev) => {
@@ -438,11 +447,13 @@ function resolvePanel(job) {
 				}
 			}}, yesLabel),
 			el("button", {type: "button", class: "quiet", id: "confirm-no", onclick: () => { confirmBox.hidden = true; }}, "Back"));
+		asker.after(confirmBox);
 		confirmBox.hidden = false;
 		confirmBox.querySelector("#confirm-no").focus();
 	};
 
-	const cancel = el("button", {type: "button", id: "cancel-job", onclick: () => ask(
+	const actions = el("div", {class: "actions"});
+	const cancel = el("button", {type: "button", id: "cancel-job", onclick: () => ask(actions,
 		"Cancel job " + job.id + "? It becomes failed; a retry with its key starts a new attempt.",
 		"Yes, cancel the job",
 		async () => {
@@ -469,7 +480,7 @@ function resolvePanel(job) {
 		const bytes = new TextEncoder().encode(body.value);
 		const response = {status: code, body: base64(bytes)};
 		if (ctype.value.trim()) response.headers = {"Content-Type": [ctype.value.trim()]};
-		ask("Complete job " + job.id + " with status " + code + " and " + formatBytes(bytes.length) +
+		ask(form, "Complete job " + job.id + " with status " + code + " and " + formatBytes(bytes.length) +
 			"? Retries will get this answer.", "Yes, complete the job", async () => {
 			const out = await api("POST", "/jobs/" + job.id + "/resolve", {outcome: "complete", response});
 			alertMessage("");
@@ -477,7 +488,8 @@ function resolvePanel(job) {
 		});
 	});
 
-	panel.append(el("div", {class: "actions"}, cancel), form, confirmBox);
+	actions.append(cancel);
+	panel.append(actions, form, confirmBox);
 	return panel;
 }
 
