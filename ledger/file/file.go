@@ -49,8 +49,9 @@ type Options struct {
 
 // Ledger is a file ledger.
 type Ledger struct {
-	db  *bolt.DB
-	now func() time.Time
+	db    *bolt.DB
+	group groupCommit
+	now   func() time.Time
 
 	mu      sync.Mutex
 	changed map[string]chan struct{} // job id → closed on its next change
@@ -83,7 +84,7 @@ func Open(path string, opts Options) (*Ledger, error) {
 		db.Close()
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
-	return &Ledger{db: db, now: opts.Now, changed: make(map[string]chan struct{})}, nil
+	return &Ledger{db: db, group: groupCommit{db: db}, now: opts.Now, changed: make(map[string]chan struct{})}, nil
 }
 
 // Path returns the ledger file's path.
@@ -204,13 +205,13 @@ func (t txn) remove(j *ledger.Job) error {
 	return nil
 }
 
-// write runs fn in a batched read-write transaction. fn may run more than
-// once (bbolt retries a failed batch one call at a time), so it must set
-// its results afresh each time; it returns only storage errors, and keeps
-// outcomes such as ErrStale in its own variables.
+// write runs fn in a read-write transaction committed with others (see
+// groupCommit). fn may run more than once, so it must set its results
+// afresh each time; it returns only storage errors, and keeps outcomes
+// such as ErrStale in its own variables.
 func (l *Ledger) write(fn func(t txn, now time.Time) error) error {
 	now := l.now()
-	return l.db.Batch(func(tx *bolt.Tx) error { return fn(wrap(tx), now) })
+	return l.group.do(func(tx *bolt.Tx) error { return fn(wrap(tx), now) })
 }
 
 // notify wakes the waiters of the given jobs.
