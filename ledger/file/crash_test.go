@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -312,8 +311,8 @@ func checkAfterCrash(t *testing.T, path string, acks map[string]ack) {
 // answer the helper sent for it.
 func checkStoredJob(t *testing.T, tn txn, k, v []byte) {
 	t.Helper()
-	var j ledger.Job
-	if err := json.Unmarshal(v, &j); err != nil {
+	j, err := decodeJob(v)
+	if err != nil {
 		t.Errorf("job %s does not decode: %v", k, err)
 		return
 	}
@@ -332,7 +331,7 @@ func checkStoredJob(t *testing.T, tn txn, k, v []byte) {
 	if !bytes.Equal(j.Fingerprint, crashParams(round, n).Fingerprint) {
 		t.Errorf("job %s: fingerprint %q", j.ID, j.Fingerprint)
 	}
-	expiry, leases := index(&j)
+	expiry, leases := index(j)
 	for _, l := range leases {
 		if tn.leases.Get(l) == nil {
 			t.Errorf("job %s: its lease is not indexed", j.ID)
@@ -355,7 +354,7 @@ func checkStoredJob(t *testing.T, tn txn, k, v []byte) {
 		if crashFails(n) || crashPending(n) || a.State != ledger.AttemptSucceeded || j.CompletedBy != a.ID || j.ExpiresAt.IsZero() {
 			t.Errorf("completed job %s: %+v", j.ID, j)
 		}
-		checkAnswer(t, &j, round, n)
+		checkAnswer(t, j, round, n)
 	default:
 		t.Errorf("job %s is %s", j.ID, j.State)
 	}

@@ -17,7 +17,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -137,11 +136,11 @@ func (t txn) load(id string) (*ledger.Job, error) {
 	if v == nil {
 		return nil, nil
 	}
-	var j ledger.Job
-	if err := json.Unmarshal(v, &j); err != nil {
+	j, err := decodeJob(v)
+	if err != nil {
 		return nil, fmt.Errorf("file ledger: job %s: %w", id, err)
 	}
-	return &j, nil
+	return j, nil
 }
 
 // put stores j, moving its index entries from those of old (nil: new).
@@ -151,11 +150,7 @@ func (t txn) put(old, j *ledger.Job) error {
 			return err
 		}
 	}
-	v, err := json.Marshal(j)
-	if err != nil {
-		return err
-	}
-	if err := t.jobs.Put([]byte(j.ID), v); err != nil {
+	if err := t.jobs.Put([]byte(j.ID), encodeJob(j)); err != nil {
 		return err
 	}
 	if err := t.keys.Put(identity(j.OwnerHash, j.KeyHash), []byte(j.ID)); err != nil {
@@ -440,22 +435,22 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 			k, v = c.Last()
 		}
 		for ; k != nil; k, v = c.Prev() {
-			var j ledger.Job
-			if err := json.Unmarshal(v, &j); err != nil {
+			j, err := decodeJob(v)
+			if err != nil {
 				return fmt.Errorf("file ledger: job %s: %w", k, err)
 			}
 			if j.Expired(now) {
 				continue
 			}
-			fsm.ApplyLeases(&j, now)
-			if !fsm.Matches(&j, q) {
+			fsm.ApplyLeases(j, now)
+			if !fsm.Matches(j, q) {
 				continue
 			}
 			if len(page.Jobs) == limit {
 				page.Next = page.Jobs[limit-1].ID
 				return nil
 			}
-			page.Jobs = append(page.Jobs, &j)
+			page.Jobs = append(page.Jobs, j)
 		}
 		return nil
 	})

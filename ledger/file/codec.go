@@ -1,0 +1,272 @@
+package file
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// Jobs are stored in a compact binary record: a format byte, then every
+// field in a fixed order, integers as varints, strings and byte slices
+// length-prefixed. Records of the first releases are JSON objects, read
+// still (they start with '{', never a format byte).
+const recordV1 = 0x01
+
+var errCorrupt = errors.New("corrupt job record")
+
+func encodeJob(j *ledger.Job) []byte {
+	b := make([]byte, 0, 256+len(j.Attempts)*96+responseSize(j.Response))
+	b = append(b, recordV1)
+	b = appendString(b, j.ID)
+	b = appendBytes(b, j.OwnerHash)
+	b = appendBytes(b, j.KeyHash)
+	b = appendBytes(b, j.Fingerprint)
+	b = binary.AppendVarint(b, int64(j.FingerprintVersion))
+	b = appendString(b, string(j.State))
+	b = binary.AppendVarint(b, j.Version)
+	b = appendString(b, j.CompletedBy)
+	b = binary.AppendVarint(b, int64(j.Retention))
+	b = appendTime(b, j.CreatedAt)
+	b = appendTime(b, j.CompletedAt)
+	b = appendTime(b, j.ExpiresAt)
+	if r := j.Response; r == nil {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		b = binary.AppendVarint(b, int64(r.Status))
+		b = binary.AppendUvarint(b, uint64(len(r.Header)))
+		for name, values := range r.Header {
+			b = appendString(b, name)
+			b = binary.AppendUvarint(b, uint64(len(values)))
+			for _, v := range values {
+				b = appendString(b, v)
+			}
+		}
+		if r.Body == nil {
+			b = append(b, 0)
+		} else {
+			b = append(b, 1)
+			b = appendBytes(b, r.Body)
+		}
+		b = binary.AppendVarint(b, r.Size)
+		b = appendBool(b, r.Stored)
+	}
+	b = binary.AppendUvarint(b, uint64(len(j.Attempts)))
+	for i := range j.Attempts {
+		a := &j.Attempts[i]
+		b = appendString(b, a.ID)
+		b = appendString(b, a.JobID)
+		b = binary.AppendVarint(b, int64(a.Number))
+		b = appendString(b, a.Provider)
+		b = appendString(b, string(a.State))
+		b = binary.AppendVarint(b, a.JobVersion)
+		b = appendTime(b, a.StartedAt)
+		b = appendTime(b, a.Deadline)
+		b = appendTime(b, a.FinishedAt)
+		b = appendString(b, a.Error)
+	}
+	return b
+}
+
+func responseSize(r *ledger.Response) int {
+	if r == nil {
+		return 0
+	}
+	return len(r.Body) + 64*len(r.Header)
+}
+
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+func appendBytes(b, s []byte) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+// appendTime writes 0 for the zero time, else 1 and the Unix time in
+// nanoseconds.
+func appendTime(b []byte, t time.Time) []byte {
+	if t.IsZero() {
+		return append(b, 0)
+	}
+	return binary.AppendVarint(append(b, 1), t.UnixNano())
+}
+
+// decodeJob reads a record written by encodeJob, or a JSON record.
+func decodeJob(v []byte) (*ledger.Job, error) {
+	if len(v) > 0 && v[0] == '{' {
+		var j ledger.Job
+		if err := json.Unmarshal(v, &j); err != nil {
+			return nil, err
+		}
+		return &j, nil
+	}
+	if len(v) == 0 || v[0] != recordV1 {
+		return nil, errCorrupt
+	}
+	d := decoder{b: v[1:]}
+	j := &ledger.Job{
+		ID:                 d.string(),
+		OwnerHash:          d.bytes(),
+		KeyHash:            d.bytes(),
+		Fingerprint:        d.bytes(),
+		FingerprintVersion: d.int(),
+		State:              ledger.JobState(d.string()),
+		Version:            d.varint(),
+		CompletedBy:        d.string(),
+		Retention:          time.Duration(d.varint()),
+		CreatedAt:          d.time(),
+		CompletedAt:        d.time(),
+		ExpiresAt:          d.time(),
+	}
+	if d.flag() {
+		r := &ledger.Response{Status: d.int()}
+		if n := d.count(); n > 0 {
+			r.Header = make(map[string][]string, n)
+			for range n {
+				name := d.string()
+				values := make([]string, d.count())
+				for i := range values {
+					values[i] = d.string()
+				}
+				r.Header[name] = values
+			}
+		}
+		if d.flag() {
+			r.Body = d.bytes()
+			if r.Body == nil {
+				r.Body = []byte{}
+			}
+		}
+		r.Size = d.varint()
+		r.Stored = d.flag()
+		j.Response = r
+	}
+	if n := d.count(); n > 0 {
+		j.Attempts = make([]ledger.Attempt, n)
+		for i := range j.Attempts {
+			j.Attempts[i] = ledger.Attempt{
+				ID:         d.string(),
+				JobID:      d.string(),
+				Number:     d.int(),
+				Provider:   d.string(),
+				State:      ledger.AttemptState(d.string()),
+				JobVersion: d.varint(),
+				StartedAt:  d.time(),
+				Deadline:   d.time(),
+				FinishedAt: d.time(),
+				Error:      d.string(),
+			}
+		}
+	}
+	if d.err != nil || len(d.b) != 0 {
+		return nil, errCorrupt
+	}
+	return j, nil
+}
+
+// decoder reads a record; after the first error every read returns zero
+// values and err stays set.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail() {
+	d.err, d.b = errCorrupt, nil
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) int() int {
+	v := d.varint()
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		d.fail()
+		return 0
+	}
+	return int(v)
+}
+
+// count reads a number of items, each at least one byte long.
+func (d *decoder) count() int {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail()
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.count()
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	v := make([]byte, n)
+	copy(v, d.b)
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) string() string {
+	n := d.count()
+	if d.err != nil {
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) flag() bool {
+	if len(d.b) == 0 {
+		d.fail()
+		return false
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	switch v {
+	case 0:
+		return false
+	case 1:
+		return true
+	}
+	d.fail()
+	return false
+}
+
+func (d *decoder) time() time.Time {
+	if !d.flag() {
+		return time.Time{}
+	}
+	return time.Unix(0, d.varint())
+}

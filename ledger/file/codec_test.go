@@ -1,0 +1,119 @@
+package file
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+func codecJob() *ledger.Job {
+	at := time.Date(2026, 12, 2, 15, 4, 5, 123456789, time.UTC)
+	return &ledger.Job{
+		ID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", OwnerHash: []byte{1, 2, 3}, KeyHash: []byte{4, 5},
+		Fingerprint: []byte{6}, FingerprintVersion: 1, State: ledger.JobCompleted, Version: 3,
+		CompletedBy: "a2", Retention: 24 * time.Hour, CreatedAt: at, CompletedAt: at.Add(time.Second),
+		ExpiresAt: at.Add(25 * time.Hour),
+		Response: &ledger.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}, "X-Two": {"a", ""}},
+			Body: []byte(`{"id":"ch_1"}`), Size: 13, Stored: true},
+		Attempts: []ledger.Attempt{
+			{ID: "a1", JobID: "j", Number: 1, Provider: "primary", State: ledger.AttemptUnknown, JobVersion: 1,
+				StartedAt: at, Deadline: at.Add(time.Minute), Error: "attempt_timeout"},
+			{ID: "a2", JobID: "j", Number: 2, Provider: "fallback", State: ledger.AttemptSucceeded, JobVersion: 1,
+				StartedAt: at, Deadline: at.Add(time.Minute), FinishedAt: at.Add(time.Second)},
+		},
+	}
+}
+
+// equalJobs compares jobs field by field, times by instant.
+func equalJobs(t *testing.T, got, want *ledger.Job) {
+	t.Helper()
+	norm := func(j *ledger.Job) *ledger.Job {
+		c := *j
+		for _, p := range []*time.Time{&c.CreatedAt, &c.CompletedAt, &c.ExpiresAt} {
+			if !p.IsZero() {
+				*p = p.UTC()
+			}
+		}
+		c.Attempts = append([]ledger.Attempt(nil), j.Attempts...)
+		for i := range c.Attempts {
+			a := &c.Attempts[i]
+			for _, p := range []*time.Time{&a.StartedAt, &a.Deadline, &a.FinishedAt} {
+				if !p.IsZero() {
+					*p = p.UTC()
+				}
+			}
+		}
+		return &c
+	}
+	if g, w := norm(got), norm(want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("decoded %+v\nwant    %+v", g, w)
+	}
+}
+
+func TestCodecRoundTrip(t *testing.T) {
+	for name, j := range map[string]*ledger.Job{
+		"completed": codecJob(),
+		"pending":   {ID: "p", OwnerHash: []byte{1}, KeyHash: []byte{2}, State: ledger.JobPending, Version: 1, CreatedAt: time.Unix(1, 0)},
+		"not stored": func() *ledger.Job {
+			j := codecJob()
+			j.Response = &ledger.Response{Status: 200, Size: -1}
+			return j
+		}(),
+		"empty body": func() *ledger.Job {
+			j := codecJob()
+			j.Response = &ledger.Response{Status: 204, Body: []byte{}, Stored: true}
+			return j
+		}(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, err := decodeJob(encodeJob(j))
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalJobs(t, got, j)
+		})
+	}
+}
+
+// Records written by earlier releases are JSON.
+func TestCodecReadsJSONRecords(t *testing.T) {
+	j := codecJob()
+	v, err := json.Marshal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeJob(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalJobs(t, got, j)
+}
+
+func TestCodecRefusesCorruptRecords(t *testing.T) {
+	v := encodeJob(codecJob())
+	for _, bad := range [][]byte{nil, {0x02}, v[:len(v)-1], append(append([]byte(nil), v...), 0), {recordV1, 0xff}} {
+		if _, err := decodeJob(bad); err == nil {
+			t.Errorf("decodeJob(%x) accepted a corrupt record", bad)
+		}
+	}
+}
+
+func FuzzDecodeJob(f *testing.F) {
+	f.Add(encodeJob(codecJob()))
+	f.Add([]byte(`{"ID":"x"}`))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		j, err := decodeJob(v)
+		if err != nil || v[0] == '{' {
+			return
+		}
+		// What decodes is what encodes back to the same job.
+		again, err := decodeJob(encodeJob(j))
+		if err != nil {
+			t.Fatalf("re-encoded record does not decode: %v", err)
+		}
+		equalJobs(t, again, j)
+	})
+}
