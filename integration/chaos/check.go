@@ -12,6 +12,35 @@ import (
 	"github.com/onejob/onejob/proxy"
 )
 
+// The checks, over what the upstream, the ledger and the clients saw.
+//
+// An arrival is a request the upstream's handler received; it carries the
+// job id and attempt number the gateway sends upstream. An execution is an
+// arrival whose handler reached its side effect: every behaviour but the
+// 503 refusal and the reset before the body was read. The checks:
+//
+//   - every job belongs to one owner and key a client sent (by the stored
+//     hashes), one job per owner and key, and ends completed, failed or
+//     unknown, none pending and no attempt starting;
+//   - every arrival is a recorded attempt of the job for its own owner and
+//     key, on the provider it reached, and no attempt arrives twice; an
+//     attempt recorded without an arrival (refused, reset before it was
+//     read, its instance killed first) is fine;
+//   - an attempt recorded failed never executed; one that succeeded or lost
+//     was answered; a job's next attempt starts only after the previous one
+//     failed, and a job is executed at most once (no hedging in the soak);
+//     its arrivals never overlap in time;
+//   - a completed job's stored status and size are its winning attempt's
+//     answer; only a stream cut short after it won goes unstored;
+//   - every answer a client got was for its own owner and key, names the
+//     job of that owner and key, and a result is the job's one result, the
+//     upstream's bytes, marked Idempotent-Replayed exactly when another
+//     request's attempt produced it; a result the ledger could not record
+//     reached a client first-hand only, and its job is unknown;
+//   - after the run, a retry of a completed job replays the stored answer
+//     byte for byte, of an unknown one gets 409 without Retry-After, and
+//     neither reaches the upstream.
+
 // evidence is everything a run saw, gathered once every deadline passed.
 type evidence struct {
 	Hasher    proxy.Hasher // as the gateways hash owners and keys

@@ -108,7 +108,8 @@ func (f *faults) run(ctx context.Context, d time.Duration, kills, restarts int) 
 		case "kill":
 			err = f.killOne(ctx)
 		case "restart":
-			err = f.restartLedger(ctx)
+			// Every second restart is a crash: no shutdown work at all.
+			err = f.restartLedger(ctx, f.restarts%2 == 1)
 		}
 		if err != nil {
 			break
@@ -147,17 +148,30 @@ func (f *faults) killOne(ctx context.Context) error {
 	return nil
 }
 
-// restartLedger restarts PostgreSQL (pg_ctl restart -m fast) or Redis
-// (SIGTERM, then a new redis-server on the same port and data).
-func (f *faults) restartLedger(ctx context.Context) error {
-	f.logf("restarting %s", f.ledger)
+// restartLedger restarts PostgreSQL (pg_ctl restart -m fast, or -m
+// immediate for a crash) or Redis (SIGTERM, or SIGKILL for a crash, then a
+// new redis-server on the same port and data).
+func (f *faults) restartLedger(ctx context.Context, crash bool) error {
+	how := "restarting"
+	if crash {
+		how = "crashing and restarting"
+	}
+	f.logf("%s %s", how, f.ledger)
 	t := time.Now()
 	var err error
 	switch f.ledger {
 	case "postgres":
-		err = f.restartPostgres(ctx)
+		mode := "fast"
+		if crash {
+			mode = "immediate" // no checkpoint: the next start replays the WAL
+		}
+		err = f.restartPostgres(ctx, mode)
 	case "redis":
-		err = f.restartRedis(ctx)
+		sig := syscall.SIGTERM
+		if crash {
+			sig = syscall.SIGKILL // the append-only file, fsync'ed per write, must hold everything
+		}
+		err = f.restartRedis(ctx, sig)
 	}
 	if err != nil {
 		return fmt.Errorf("restarting %s: %w", f.ledger, err)
@@ -183,11 +197,11 @@ func (f *faults) asPG(ctx context.Context, tool string, args ...string) *exec.Cm
 	return cmd
 }
 
-func (f *faults) restartPostgres(ctx context.Context) error {
+func (f *faults) restartPostgres(ctx context.Context, mode string) error {
 	dir := filepath.Join(f.svc.Work, "pg")
 	cctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	return f.asPG(cctx, "pg_ctl", "-D", dir, "-l", filepath.Join(dir, "server.log"), "-m", "fast", "-w", "-t", "60", "restart").Run()
+	return f.asPG(cctx, "pg_ctl", "-D", dir, "-l", filepath.Join(dir, "server.log"), "-m", mode, "-w", "-t", "60", "restart").Run()
 }
 
 // redisArgs are services.sh's redis-server arguments, with the append-only
@@ -200,7 +214,7 @@ func (f *faults) redisArgs() []string {
 		"--logfile", filepath.Join(dir, "redis.log")}
 }
 
-func (f *faults) restartRedis(ctx context.Context) error {
+func (f *faults) restartRedis(ctx context.Context, sig syscall.Signal) error {
 	pidPath := filepath.Join(f.svc.Work, "redis.pid")
 	b, err := os.ReadFile(pidPath)
 	if err != nil {
@@ -210,21 +224,36 @@ func (f *faults) restartRedis(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", pidPath, err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+	t := time.Now()
+	if err := syscall.Kill(pid, sig); err != nil {
 		return err
 	}
-	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(pid, 0) == nil; {
+	for deadline := time.Now().Add(30 * time.Second); alive(pid); {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("redis-server %d did not stop in 30s", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	fmt.Fprintf(f.out, "redis-server %d stopped (%s) in %s\n", pid, sig, time.Since(t).Round(time.Millisecond))
 	cmd := exec.CommandContext(ctx, "redis-server", f.redisArgs()...)
 	cmd.Stdout, cmd.Stderr = f.out, f.out
 	if err := cmd.Run(); err != nil {
 		return err
 	}
 	return waitRedis(ctx, f.svc.Redis)
+}
+
+// alive reports whether a process runs: it exists and is no zombie (the
+// daemonized server is not our child, and whoever reaps it may be slow).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: the state follows the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
 }
 
 // waitRedis waits until Redis answers PING (it refuses while loading).
