@@ -20,6 +20,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 func init() {
@@ -366,7 +368,12 @@ func printJob(w io.Writer, j jobJSON) {
 	field("Job", j.ID)
 	field("State", fmt.Sprintf("%s (version %d)", j.State, j.Version))
 	field("Created", cliTime(j.CreatedAt, true))
-	field("Completed", cliTime(j.CompletedAt, true))
+	// completed_at is when the job completed, or failed.
+	settled := "Completed"
+	if j.State == ledger.JobFailed {
+		settled = "Failed"
+	}
+	field(settled, cliTime(j.CompletedAt, true))
 	field("Completed by", completedBy(j))
 	response := "-"
 	if r := j.Response; r != nil {

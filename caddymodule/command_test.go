@@ -192,6 +192,7 @@ func TestCLIResolveCancel(t *testing.T) {
 		t.Fatalf("resolve: %v\n%s", err, errOut)
 	}
 	if !strings.HasPrefix(out, "Cancelled job "+id+": it is now failed (version 2); a retry starts a new attempt.\n\nJob ") ||
+		!strings.Contains(out, "\nFailed        2026-12-02 14:58:00.000 UTC\n") ||
 		!strings.Contains(out, "1  01a23742-5c4a-7873-98ef-595cad3c716b  next      cancelled") {
 		t.Errorf("resolve printed\n%s", out)
 	}

@@ -276,7 +276,8 @@ function renderJob(job, notice) {
 	const fields = [
 		["State", el("span", {}, badge(job.state, "job"), " version " + job.version)],
 		["Created", formatTime(job.created_at, true) + " UTC"],
-		["Completed", job.completed_at ? formatTime(job.completed_at, true) + " UTC" : "—"],
+		// completed_at is when the job completed, or failed.
+		[job.state === "failed" ? "Failed" : "Completed", job.completed_at ? formatTime(job.completed_at, true) + " UTC" : "—"],
 		["Completed by", won ? el("span", {}, attemptName(won) + " ", el("span", {class: "mono muted"}, won.id)) : "—"],
 		["Response", response ? "status " + response.status + ", " + formatBytes(response.size) +
 			(response.stored ? ", stored" : ", not stored (retries get 409)") : "—"],
