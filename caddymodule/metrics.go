@@ -20,7 +20,17 @@ type metrics struct {
 	inFlight  prometheus.Gauge
 	ledgerOps *prometheus.HistogramVec
 	probeOK   *prometheus.GaugeVec
+
+	// The children of the labels known in advance, looked up once: a
+	// lookup by label values hashes them on every request.
+	requestsBy  map[string]prometheus.Counter
+	ledgerOpsBy map[string]prometheus.Observer
 }
+
+var (
+	requestOutcomes = []string{"new", "replayed", "waited", "conflict", "mismatch", "unknown", "rejected"}
+	ledgerOpNames   = []string{"reserve", "complete", "fail", "mark_unknown", "hedge", "save_body"}
+)
 
 const (
 	metricsNamespace = "caddy"
@@ -88,6 +98,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"provider"})); err != nil {
 		return nil, err
 	}
+	m.requestsBy = make(map[string]prometheus.Counter, len(requestOutcomes))
+	for _, o := range requestOutcomes {
+		m.requestsBy[o] = m.requests.WithLabelValues(o)
+	}
+	m.ledgerOpsBy = make(map[string]prometheus.Observer, len(ledgerOpNames))
+	for _, op := range ledgerOpNames {
+		m.ledgerOpsBy[op] = m.ledgerOps.WithLabelValues(op)
+	}
 	return &m, nil
 }
 
@@ -119,7 +137,13 @@ func registerOrExisting[T prometheus.Collector](reg prometheus.Registerer, c T) 
 }
 
 // Request implements proxy.Observer.
-func (m *metrics) Request(outcome string) { m.requests.WithLabelValues(outcome).Inc() }
+func (m *metrics) Request(outcome string) {
+	if c, ok := m.requestsBy[outcome]; ok {
+		c.Inc()
+		return
+	}
+	m.requests.WithLabelValues(outcome).Inc()
+}
 
 // Attempt implements proxy.Observer.
 func (m *metrics) Attempt(provider, result string) {
@@ -134,6 +158,10 @@ func (m *metrics) InFlight(delta int) { m.inFlight.Add(float64(delta)) }
 
 // LedgerOp implements proxy.Observer.
 func (m *metrics) LedgerOp(op string, d time.Duration) {
+	if o, ok := m.ledgerOpsBy[op]; ok {
+		o.Observe(d.Seconds())
+		return
+	}
 	m.ledgerOps.WithLabelValues(op).Observe(d.Seconds())
 }
 

@@ -64,9 +64,10 @@ caddy_idempotency_races_lost_total 1
 		t.Error(err)
 	}
 
-	// One histogram series per operation, with every observation counted.
-	if n := testutil.CollectAndCount(m1.ledgerOps); n != 2 {
-		t.Errorf("ledger_seconds has %d series, want 2 (reserve, complete)", n)
+	// One histogram series per operation (all of them from the start),
+	// with every observation counted.
+	if n := testutil.CollectAndCount(m1.ledgerOps); n != len(ledgerOpNames) {
+		t.Errorf("ledger_seconds has %d series, want %d (%v)", n, len(ledgerOpNames), ledgerOpNames)
 	}
 	mfs, err := reg.Gather()
 	if err != nil {

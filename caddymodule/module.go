@@ -388,8 +388,19 @@ func prepareAttempt(r *http.Request) *http.Request {
 // setVar publishes {http.idempotency.<name>}.
 func setVar(r *http.Request, name, value string) {
 	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		repl.Set("http.idempotency."+name, value)
+		key, known := varNames[name]
+		if !known {
+			key = "http.idempotency." + name
+		}
+		repl.Set(key, value)
 	}
+}
+
+// varNames are the placeholders' full names, built once.
+var varNames = map[string]string{
+	"job_id":   "http.idempotency.job_id",
+	"attempt":  "http.idempotency.attempt",
+	"replayed": "http.idempotency.replayed",
 }
 
 // Interface guards
