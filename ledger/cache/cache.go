@@ -106,6 +106,11 @@ type Options struct {
 	// body); default 1MiB. Larger answers are replayed from the truth:
 	// reading them within Timeout is not to be counted on.
 	MaxSize int
+	// LocalEntries and LocalBytes bound the tier in this process in front
+	// of Redis (replies read or written lately, answered without a round
+	// trip); defaults 10000 and 64MiB. A negative LocalEntries disables it.
+	LocalEntries int
+	LocalBytes   int
 	// Secret, if set, keys the integrity check of replies (HMAC-SHA-256),
 	// so that a writer to Redis without it cannot forge an answer. Without
 	// it a plain SHA-256 guards against corrupt and foreign values only.
@@ -129,6 +134,7 @@ type Ledger struct {
 	now     func() time.Time // the local clock, for expiry checks
 	bus     *bus
 	memo    *memo
+	near    *near
 
 	closeTruth, closeClient bool
 	closeOnce               sync.Once
@@ -149,6 +155,12 @@ func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 	}
 	if opts.MaxSize <= 0 {
 		opts.MaxSize = DefaultMaxSize
+	}
+	if opts.LocalEntries == 0 {
+		opts.LocalEntries = 10000
+	}
+	if opts.LocalBytes <= 0 {
+		opts.LocalBytes = 64 << 20
 	}
 	logger := opts.Logger
 	if logger == nil {
@@ -171,6 +183,7 @@ func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 		now:         time.Now,
 		bus:         newBus(rdb, opts.Prefix+"done", opts.Timeout, log),
 		memo:        newMemo(memoSize),
+		near:        newNear(opts.LocalEntries, opts.LocalBytes),
 		closeTruth:  opts.CloseTruth,
 		closeClient: opts.CloseClient,
 	}
@@ -235,6 +248,9 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 // lookup answers p from the cache, if a reply passes every check.
 func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Reservation, bool) {
 	key := l.replyKey(p.OwnerHash, p.KeyHash)
+	if j := l.near.get(key, l.now()); j != nil {
+		return l.answer(j, p), true
+	}
 	rctx, cancel := context.WithTimeout(ctx, l.timeout)
 	b, err := l.rdb.Get(rctx, key).Bytes()
 	cancel()
@@ -254,17 +270,26 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Re
 		l.log.warn("redis cache: ignoring a reply for another job", zap.String("key", key), zap.String("job_id", j.ID))
 		return ledger.Reservation{}, false
 	}
-	if !now.Add(l.margin).Before(j.ExpiresAt) {
+	until := j.ExpiresAt.Add(-l.margin)
+	if !now.Before(until) {
 		return ledger.Reservation{}, false // near or past its expiry: ask the truth
 	}
+	l.near.put(key, j, until)
+	return l.answer(j, p), true
+}
+
+// answer is the reservation of p answered by j, a verified reply for its
+// owner and key that has not expired.
+func (l *Ledger) answer(j *ledger.Job, p *ledger.ReserveParams) ledger.Reservation {
+	now := l.now()
 	if j.FingerprintVersion != p.FingerprintVersion || !bytes.Equal(j.Fingerprint, p.Fingerprint) {
 		return ledger.Reservation{
 			Outcome: ledger.Mismatch,
 			Job:     &ledger.Job{ID: j.ID, State: j.State, CreatedAt: j.CreatedAt},
 			Now:     now,
-		}, true
+		}
 	}
-	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}, true
+	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}
 }
 
 // trusted reports whether a decoded reply is one the cache may have
@@ -297,7 +322,9 @@ func (l *Ledger) write(ctx context.Context, u update) {
 		until := j.ExpiresAt.Add(-l.margin)
 		if until.After(l.now()) && len(j.Response.Body) <= l.maxSize {
 			if v := encode(j, l.mac); len(v) <= l.maxSize {
-				pipe.SetArgs(ctx, l.replyKey(j.OwnerHash, j.KeyHash), v, redis.SetArgs{ExpireAt: until})
+				key := l.replyKey(j.OwnerHash, j.KeyHash)
+				pipe.SetArgs(ctx, key, v, redis.SetArgs{ExpireAt: until})
+				l.near.put(key, j, until)
 			}
 		}
 	}

@@ -213,7 +213,8 @@ func TestReplayRoundTrips(t *testing.T) {
 	rdb := redisClient(t)
 	hook := &countingHook{}
 	rdb.AddHook(hook)
-	l := New(truth, rdb, Options{Prefix: newPrefix(t)})
+	// The tier in this process is off: this test counts Redis's share.
+	l := New(truth, rdb, Options{Prefix: newPrefix(t), LocalEntries: -1})
 	t.Cleanup(func() { l.Close() })
 
 	// Connect first: migrations and the connection handshake are not
@@ -257,6 +258,55 @@ func TestReplayRoundTrips(t *testing.T) {
 	wantAnswer(t, mustReserve(t, l, p, ledger.Done), r.Job.ID, "replayed")
 	if n := tr.take(); n != 0 {
 		t.Errorf("replay after refill took %d queries, want 0", n)
+	}
+}
+
+// TestReplayRoundTripsLocal: with the tier in this process, a replay of a
+// reply this process wrote or read costs no round trip at all; another
+// process reads it from Redis once.
+func TestReplayRoundTripsLocal(t *testing.T) {
+	tr := &countingTracer{}
+	schema, prefix := newSchema(t), newPrefix(t)
+	truth := openPostgres(t, schema, tr)
+	rdb := redisClient(t)
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	l := New(truth, rdb, Options{Prefix: prefix})
+	t.Cleanup(func() { l.Close() })
+	peer := openCache(t, openPostgres(t, schema, nil), Options{Prefix: prefix})
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	p := params()
+	r := mustReserve(t, l, p, ledger.Created)
+	mustComplete(t, l, r, "local")
+	tr.take()
+	hook.take()
+	for range 3 {
+		wantAnswer(t, mustReserve(t, l, p, ledger.Done), r.Job.ID, "local")
+		if q, c := tr.take(), hook.take(); q != 0 || c != 0 {
+			t.Errorf("replay in the completing process took %d queries and %d Redis commands, want none", q, c)
+		}
+	}
+	// A different body under the same key is refused from the same tier.
+	other := p
+	other.Fingerprint = []byte("another request")
+	if res, err := l.Reserve(context.Background(), other); err != nil || res.Outcome != ledger.Mismatch {
+		t.Errorf("another request under the key: %v %v, want mismatch", res.Outcome, err)
+	}
+	// Another process reads the reply from Redis once, then keeps it.
+	peerHook := &countingHook{}
+	peer.rdb.AddHook(peerHook)
+	for i := range 3 {
+		wantAnswer(t, mustReserve(t, peer, p, ledger.Done), r.Job.ID, "local")
+		want := 0
+		if i == 0 {
+			want = 1
+		}
+		if n := peerHook.take(); n != want {
+			t.Errorf("replay %d in another process took %d Redis commands, want %d", i, n, want)
+		}
 	}
 }
 
