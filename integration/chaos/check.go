@@ -380,6 +380,9 @@ func (c *checker) exchanges() {
 		if e.Up != nil && (e.Up.Owner != e.ID.Owner || e.Up.Key != e.ID.Key) {
 			r.violate("%s got the answer meant for %s/%s (job %s)", e.ID, e.Up.Owner, e.Up.Key, e.Up.Job)
 		}
+		if e.Up == nil && e.Problem == "" {
+			r.violate("%s got %d (%d bytes), neither the upstream's answer nor a problem", e.ID, e.Status, e.Len)
+		}
 		if e.Status == http.StatusUnprocessableEntity {
 			r.violate("%s got 422 (%s) for the same body", e.ID, e.Problem)
 		}

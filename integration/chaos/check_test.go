@@ -128,6 +128,10 @@ func TestCheckFindsViolations(t *testing.T) {
 			rp.Sum[0]++
 			ev.Replays[rp.ID] = rp
 		}, "replay of alice/k-00000"},
+		{"an answer from nowhere", func(ev *evidence) {
+			ev.Exchanges = append(ev.Exchanges, exchange{ID: identity{"alice", "k-00000"}, Request: 13,
+				Status: http.StatusOK, JobID: "job-a"})
+		}, "neither the upstream's answer nor a problem"},
 		{"in-flight without Retry-After", func(ev *evidence) {
 			ev.Exchanges = append(ev.Exchanges, exchange{ID: identity{"alice", "k-00000"}, Request: 12,
 				Status: http.StatusConflict, JobID: "job-a", Problem: "in-flight", ProblemJob: "job-a"})
