@@ -67,7 +67,13 @@ func Open(path string, opts Options) (*Ledger, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("file ledger: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout: opts.Timeout,
+		// The free page list is rebuilt at open instead of written at
+		// every commit, where it grows with the file.
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
