@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs every onejob test: gofmt, go vet, the unit tests with -race, then the
-# integration-tagged tests against throwaway PostgreSQL and Redis servers
-# (see services.sh), which are stopped on success, failure or interrupt.
+# Runs every onejob test: gofmt, go vet, the unit tests with -race, the
+# integration-tagged tests (the built binary, headless Chromium) against
+# throwaway PostgreSQL and Redis servers (see services.sh), which are
+# stopped on success, failure or interrupt; then every fuzz target briefly
+# (fuzz.sh) and a short chaos soak (chaos/run.sh --short).
 #
 # Usage: ./integration/test.sh [go test flags for the integration run, e.g. -run Postgres]
 set -euo pipefail
@@ -40,3 +42,9 @@ fi
 passed=$(grep -c -- '--- PASS' "$WORK/integration.log" || true)
 failed=$(grep -c -- '--- FAIL' "$WORK/integration.log" || true)
 echo "integration: $passed passed, $failed failed"
+
+log "fuzzing (every target briefly, from its checked-in corpus)"
+./integration/fuzz.sh "${FUZZTIME:-10s}"
+
+log "chaos soak, short (its own PostgreSQL and Redis, restarted mid-run)"
+./integration/chaos/run.sh --short
