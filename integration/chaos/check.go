@@ -105,8 +105,11 @@ func check(ev *evidence) *report {
 		results:   map[string]map[uint64]bool{},
 		idsByHash: map[string]identity{},
 	}
-	c.jobs()
+	c.identify()
 	c.arrivals()
+	for _, j := range c.sortedJobs() {
+		c.job(j)
+	}
 	c.attempts()
 	c.sequences()
 	c.overlaps()
@@ -127,9 +130,9 @@ func (c *checker) sortedJobs() []*adminJob {
 	return jobs
 }
 
-// jobs: every job belongs to one identity the clients used, one job per
-// identity, in a final state, its attempts well formed, one result at most.
-func (c *checker) jobs() {
+// identify: every job belongs to one identity the clients used, one job
+// per identity.
+func (c *checker) identify() {
 	for _, id := range c.ev.IDs {
 		h := hex.EncodeToString(c.ev.Hasher.Owner("Bearer "+id.Owner)) + "/" + hex.EncodeToString(c.ev.Hasher.Key(id.Key))
 		c.idsByHash[h] = id
@@ -145,17 +148,41 @@ func (c *checker) jobs() {
 			c.jobOf[id] = j
 			c.identOf[j.ID] = id
 		}
-		c.job(j)
 	}
 }
 
+// describe sums up a job for a violation: its state and attempts in the
+// ledger, and its arrivals at the upstream.
+func (c *checker) describe(id string) string {
+	var parts []string
+	if j := c.ev.Jobs[id]; j != nil {
+		parts = append(parts, fmt.Sprintf("ledger: %s v%d completed_by %s", j.State, j.Version, deref(j.CompletedBy)))
+		for _, a := range j.Attempts {
+			s := fmt.Sprintf("attempt %d %s %s", a.Number, a.Provider, a.State)
+			if a.Error != nil {
+				s += " (" + *a.Error + ")"
+			}
+			parts = append(parts, s)
+		}
+	}
+	as := slices.Clone(c.byJob[id])
+	sort.Slice(as, func(a, b int) bool { return as[a].Start.Before(as[b].Start) })
+	for _, a := range as {
+		parts = append(parts, fmt.Sprintf("upstream: attempt %d %s %s..%s status %d",
+			a.Attempt, a.Behaviour, a.Start.Format("15:04:05.000"), a.End.Format("15:04:05.000"), a.Status))
+	}
+	return "[" + strings.Join(parts, "; ") + "]"
+}
+
+// job: a job is in a final state, its attempts well formed, one result at
+// most.
 func (c *checker) job(j *adminJob) {
 	r := c.r
 	r.JobsByState[j.State]++
 	switch j.State {
 	case "completed", "failed", "unknown":
 	default:
-		r.violate("job %s is %s after every deadline passed", j.ID, j.State)
+		r.violate("job %s is %s after every deadline passed %s", j.ID, j.State, c.describe(j.ID))
 	}
 	if len(j.Attempts) == 0 {
 		r.violate("job %s has no attempt", j.ID)
@@ -171,7 +198,7 @@ func (c *checker) job(j *adminJob) {
 		}
 		switch a.State {
 		case "starting":
-			r.violate("job %s: attempt %d still starting after its deadline", j.ID, a.Number)
+			r.violate("job %s: attempt %d still starting after its deadline %s", j.ID, a.Number, c.describe(j.ID))
 		case "cancelled":
 			r.violate("job %s: attempt %d cancelled, but no operator resolved anything", j.ID, a.Number)
 		case "succeeded":
@@ -183,11 +210,11 @@ func (c *checker) job(j *adminJob) {
 	}
 	if j.State == "completed" {
 		if succeeded != 1 || j.CompletedBy == nil || j.Response == nil {
-			r.violate("job %s is completed with %d succeeded attempts, completed_by %v, response %v",
-				j.ID, succeeded, deref(j.CompletedBy), j.Response != nil)
+			r.violate("job %s is completed with %d succeeded attempts, response %v %s",
+				j.ID, succeeded, j.Response != nil, c.describe(j.ID))
 		}
 	} else if succeeded != 0 || j.CompletedBy != nil {
-		r.violate("job %s is %s, but has %d succeeded attempts and completed_by %v", j.ID, j.State, succeeded, deref(j.CompletedBy))
+		r.violate("job %s is %s, but has %d succeeded attempts %s", j.ID, j.State, succeeded, c.describe(j.ID))
 	}
 }
 
@@ -279,7 +306,7 @@ func (c *checker) attempts() {
 				answered = answered || (a.Executed && a.Status != 0)
 			}
 			if !answered {
-				c.r.violate("job %s: attempt %d is %s, but the upstream never answered it", j.ID, at.Number, at.State)
+				c.r.violate("job %s: attempt %d is %s, but the upstream never answered it %s", j.ID, at.Number, at.State, c.describe(j.ID))
 			}
 		}
 	}
@@ -292,7 +319,8 @@ func (c *checker) sequences() {
 	for _, j := range c.sortedJobs() {
 		for i, at := range j.Attempts[:max(0, len(j.Attempts)-1)] {
 			if at.State != "failed" {
-				c.r.violate("job %s: attempt %d started after attempt %d ended %s", j.ID, j.Attempts[i+1].Number, at.Number, at.State)
+				c.r.violate("job %s: attempt %d started after attempt %d ended %s %s",
+					j.ID, j.Attempts[i+1].Number, at.Number, at.State, c.describe(j.ID))
 			}
 		}
 		var executed []string
@@ -302,7 +330,7 @@ func (c *checker) sequences() {
 			}
 		}
 		if len(executed) > 1 {
-			c.r.violate("job %s was executed %d times: %s", j.ID, len(executed), strings.Join(executed, ", "))
+			c.r.violate("job %s was executed %d times: %s %s", j.ID, len(executed), strings.Join(executed, ", "), c.describe(j.ID))
 		}
 	}
 }
