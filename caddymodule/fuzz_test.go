@@ -131,7 +131,9 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 			}
 		}
 
-		if len(tokens) == 0 || tokens[0].Text != "idempotency" {
+		// import reads files (the fuzzer could name /dev/zero): not what
+		// is under test here.
+		if len(tokens) == 0 || tokens[0].Text != "idempotency" || strings.Contains(in, "import") {
 			return
 		}
 		site := ":8080 {\n" + in + "\n}\n"
