@@ -137,15 +137,19 @@ func (f *faults) killOne(ctx context.Context) error {
 	down := randDuration(time.Second, 3*time.Second)
 	f.logf("killed gateway %d (SIGKILL), restarting in %s", g.n, down.Round(time.Millisecond))
 	sleep(ctx, down)
-	if err := g.start(); err != nil {
-		// The ledger may be mid-restart; one more try.
-		time.Sleep(2 * time.Second)
-		if err := g.start(); err != nil {
-			return err
+	// A start can fail while the ledger restarts, or while an outgoing
+	// connection holds the port as its local end: try a few times.
+	var err error
+	for try := 0; try < 5; try++ {
+		if try > 0 {
+			time.Sleep(time.Second)
+		}
+		if err = g.start(); err == nil {
+			f.logf("gateway %d running again", g.n)
+			return nil
 		}
 	}
-	f.logf("gateway %d running again", g.n)
-	return nil
+	return err
 }
 
 // restartLedger restarts PostgreSQL (pg_ctl restart -m fast, or -m

@@ -42,6 +42,7 @@ func (c gatewayConfig) caddyfile(port, admin int) string {
 }
 
 http://127.0.0.1:%d {
+	bind 127.0.0.1
 	idempotency {
 		%s
 		owner {http.request.header.Authorization}
@@ -69,16 +70,9 @@ type gateway struct {
 	starts int
 }
 
-// newGateway writes an instance's config in dir/gw<n>.
-func newGateway(n int, dir string, cfg gatewayConfig) (*gateway, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	admin, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+// newGateway writes an instance's config in dir/gw<n>: its site on port,
+// its admin endpoint on admin.
+func newGateway(n int, dir string, cfg gatewayConfig, port, admin int) (*gateway, error) {
 	g := &gateway{
 		n: n, binary: cfg.Binary,
 		url:   fmt.Sprintf("http://127.0.0.1:%d", port),
@@ -94,13 +88,19 @@ func newGateway(n int, dir string, cfg gatewayConfig) (*gateway, error) {
 	return g, nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct loopback ports the OS just handed out: all
+// held open at once, so that none is handed out twice.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 var adminClient = &http.Client{Timeout: 10 * time.Second}

@@ -192,8 +192,12 @@ func run(ctx context.Context, o options) (int, error) {
 		Providers:  providers, Upstreams: up.addrs,
 	}
 	var gws fleet
+	ports, err := freePorts(2 * 3)
+	if err != nil {
+		return 2, err
+	}
 	for n := range 3 {
-		g, err := newGateway(n, o.work, cfg)
+		g, err := newGateway(n, o.work, cfg, ports[2*n], ports[2*n+1])
 		if err != nil {
 			return 2, err
 		}

@@ -28,6 +28,7 @@ const (
 	resetAfterRead                   // acts, then resets the connection without answering
 	cutShort                         // acts, sends headers (Content-Length) and half the body, then drops
 	streamCut                        // acts, streams half a chunked body, then drops
+	lateBody                         // acts, sends headers at once and the body just before attempt_deadline
 	stall                            // acts, then never answers
 	numBehaviours
 )
@@ -41,6 +42,7 @@ var behaviourNames = [numBehaviours]string{
 	resetAfterRead:  "reset after read",
 	cutShort:        "answer cut short",
 	streamCut:       "stream cut short",
+	lateBody:        "body at the deadline",
 	stall:           "stall",
 }
 
@@ -48,7 +50,7 @@ func (b behaviour) String() string { return behaviourNames[b] }
 
 // weights are the odds of each behaviour, in percent.
 var weights = [numBehaviours]int{
-	answerFast:      58,
+	answerFast:      55,
 	answerSlow:      12,
 	refuse503:       8,
 	answer500:       5,
@@ -56,6 +58,7 @@ var weights = [numBehaviours]int{
 	resetAfterRead:  5,
 	cutShort:        2,
 	streamCut:       2,
+	lateBody:        3,
 	stall:           3,
 }
 
@@ -279,6 +282,23 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request, a *arrival) {
 		w.Write(body[:len(body)/2])
 		http.NewResponseController(w).Flush()
 		panic(http.ErrAbortHandler)
+	case lateBody:
+		// The headers stop attempt_timeout; the body ends within a few
+		// milliseconds of attempt_deadline as counted from this arrival,
+		// which is a little later than the ledger counts it from.
+		body := u.body(a)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		a.Status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		if !sleep(ctx, time.Until(a.Start.Add(u.deadline-randDuration(0, 25*time.Millisecond)))) {
+			return
+		}
+		a.Sum, a.Len, a.End = sha256.Sum256(body), len(body), time.Now()
+		if _, err := w.Write(body); err == nil {
+			a.Answered = true
+		}
 	case stall:
 		// Longer than any attempt may run: the gateway gives up first.
 		sleep(ctx, u.deadline+2*time.Second)
