@@ -48,6 +48,7 @@ func Run(t *testing.T, h Harness) {
 		{"FailoverStartsNextAttempt", testFailover},
 		{"ExpiredLeaseReadsUnknown", testExpiredLease},
 		{"ResultAfterDeadlineLoses", testResultAfterDeadline},
+		{"LateResultLeavesJobUnknown", testLateResultUnknown},
 		{"LateDefinitiveFailure", testLateFailure},
 		{"ExpiredJobGivesNewID", testExpiredJob},
 		{"WaiterWokenByPeer", testWaiterWokenByPeer},
@@ -614,6 +615,33 @@ func testResultAfterDeadline(t *testing.T, h Harness) {
 		t.Errorf("loser sees response %+v", c.Job.Response)
 	}
 	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptLost)
+}
+
+// testLateResultUnknown: a result that arrives after its attempt's
+// deadline, with nothing having read the job since (answer headers came in
+// time, so nobody marked the attempt unknown), is dropped, and the job is
+// unknown, not left pending: the provider acted.
+func testLateResultUnknown(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(short)
+	r := reserve(t, l, p, ledger.Created)
+	// Not a read of the job: any read would expire the lease first.
+	time.Sleep(short + 300*time.Millisecond)
+	c := complete(t, l, r.Attempt, "after the deadline", false)
+	if c.Job.State == ledger.JobPending {
+		t.Errorf("the loser's completion left the job pending")
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptLost)
+	reserve(t, l, p, ledger.Unknown)
+	page, err := l.Jobs(ctx(t), ledger.JobQuery{State: ledger.JobPending, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range page.Jobs {
+		if j.ID == r.Job.ID {
+			t.Errorf("the job is listed as pending")
+		}
+	}
 }
 
 // testLateFailure: an attempt marked unknown that then reports a definitive

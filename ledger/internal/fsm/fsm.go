@@ -174,6 +174,11 @@ func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now ti
 		finish(a, ledger.AttemptLost, reason, now)
 	}
 	ApplyLeases(j, now)
+	if j.State == ledger.JobPending && j.CompletedBy == "" && !hasLive(j, "") {
+		// The result came after its attempt's deadline and nothing else
+		// runs: the provider acted, and its answer was dropped.
+		j.State = ledger.JobUnknown
+	}
 	return ledger.Completion{Won: false, Job: j.Clone()}, nil
 }
 
