@@ -74,7 +74,9 @@ trap 'exit 130' INT TERM
 free_port() {
 	local p
 	for _ in $(seq 1 200); do
-		p=$((20000 + RANDOM % 40000))
+		# Below the kernel's ephemeral range (32768 and up), which outgoing
+		# connections may hold.
+		p=$((10000 + RANDOM % 22000))
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"
 			return
