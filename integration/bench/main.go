@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -77,6 +78,7 @@ func main() {
 	up := startUpstream()
 	results := runSeries(cfg, up)
 	printTable(os.Stdout, results)
+	printLedgerTimes(os.Stdout, results)
 	if cfg.waiters > 0 && cfg.only.MatchString("waiters") {
 		if err := benchWaiters(cfg, os.Stdout); err != nil {
 			log.Fatal(err)
@@ -122,6 +124,9 @@ type result struct {
 	baseline string        // the series it is compared with
 	target   float64       // minimum ratio to the baseline; 0 when none
 	extraCPU time.Duration // maximum CPU per request over the baseline's; 0 when none
+	// Mean ledger time per request, by operation, from the gateway's
+	// caddy_idempotency_ledger_seconds (fresh series).
+	reserve, complete time.Duration
 }
 
 // series describes what one row of the table measures.
@@ -171,10 +176,11 @@ func runSeries(cfg config, up *upstream) []result {
 			peak    int64
 			err     error
 		)
+		var ops map[string]time.Duration
 		if s.mode == "pgbench" {
 			samples, err = measurePgbench(cfg)
 		} else {
-			samples, peak, err = measure(cfg, up, s, run)
+			samples, peak, ops, err = measure(cfg, up, s, run)
 		}
 		if err != nil {
 			log.Fatalf("bench: %s: %v", s.name, err)
@@ -182,6 +188,7 @@ func runSeries(cfg config, up *upstream) []result {
 		r := median(samples)
 		r.name, r.peakRSS = s.name, peak
 		r.baseline, r.target, r.extraCPU = s.baseline, s.target, s.extraCPU
+		r.reserve, r.complete = ops["reserve"], ops["complete"]
 		log.Printf("%-22s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
 		results = append(results, r)
 	}
@@ -190,10 +197,10 @@ func runSeries(cfg config, up *upstream) []result {
 
 // measure starts a server for the series, warms it up (which also creates
 // the replayed keys), and measures cfg.reps runs.
-func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, error) {
+func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, map[string]time.Duration, error) {
 	srv, err := startServer(s.binary, cfg.work, s.name, "", s.site)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	defer srv.stop()
 	prefix := func(rep int) string {
@@ -203,14 +210,15 @@ func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, e
 		return fmt.Sprintf("%s-%s-%d", s.name, run, rep)
 	}
 	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), 64); err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
+	before := ledgerTimes(srv.admin)
 	var samples []sample
 	for rep := 0; rep < cfg.reps; rep++ {
 		hits, cpu := up.hits.Load(), srv.cpu()
 		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), 64)
 		if err != nil {
-			return nil, 0, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
+			return nil, 0, nil, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
 		}
 		smp.cpu = (srv.cpu() - cpu) / time.Duration(smp.requests)
 		// What reached the upstream proves the series measured what it
@@ -218,16 +226,52 @@ func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, e
 		switch forwarded := up.hits.Load() - hits; s.mode {
 		case "replay":
 			if forwarded != 0 {
-				return nil, 0, fmt.Errorf("%d replays reached the upstream", forwarded)
+				return nil, 0, nil, fmt.Errorf("%d replays reached the upstream", forwarded)
 			}
 		default:
 			if s.site != "" && strings.Contains(s.site, "reverse_proxy") && forwarded < smp.requests {
-				return nil, 0, fmt.Errorf("%d requests answered, %d reached the upstream", smp.requests, forwarded)
+				return nil, 0, nil, fmt.Errorf("%d requests answered, %d reached the upstream", smp.requests, forwarded)
 			}
 		}
 		samples = append(samples, smp)
 	}
-	return samples, srv.peakRSS(), nil
+	ops := map[string]time.Duration{}
+	after := ledgerTimes(srv.admin)
+	for op, a := range after {
+		if b := before[op]; a.count > b.count {
+			ops[op] = time.Duration((a.sum - b.sum) / float64(a.count-b.count) * float64(time.Second))
+		}
+	}
+	return samples, srv.peakRSS(), ops, nil
+}
+
+type opTime struct {
+	sum   float64
+	count int64
+}
+
+// ledgerTimes reads caddy_idempotency_ledger_seconds' sums and counts by
+// operation from the admin endpoint's metrics (none for plain Caddy).
+func ledgerTimes(admin string) map[string]opTime {
+	out := map[string]opTime{}
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	re := regexp.MustCompile(`(?m)^caddy_idempotency_ledger_seconds_(sum|count)\{operation="([a-z_]+)"\} (\S+)$`)
+	for _, m := range re.FindAllStringSubmatch(string(body), -1) {
+		t := out[m[2]]
+		v, _ := strconv.ParseFloat(m[3], 64)
+		if m[1] == "sum" {
+			t.sum = v
+		} else {
+			t.count = int64(v)
+		}
+		out[m[2]] = t
+	}
+	return out
 }
 
 // measurePgbench runs the PostgreSQL ledger's SQL for a fresh request in
@@ -308,3 +352,16 @@ func printTable(w io.Writer, results []result) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// printLedgerTimes shows, for each fresh series, the ledger's share of a
+// request's latency: the completion is what an asynchronous completion
+// would take off the client's wait.
+func printLedgerTimes(w io.Writer, results []result) {
+	fmt.Fprintf(w, "\n%-22s %11s %12s %8s  %s\n", "series", "reserve-ms", "complete-ms", "p50-ms", "completion's share of p50")
+	for _, r := range results {
+		if r.complete == 0 || r.p50 == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%-22s %11.3f %12.3f %8.2f  %.0f%%\n", r.name, ms(r.reserve), ms(r.complete), ms(r.p50), 100*float64(r.complete)/float64(r.p50))
+	}
+}

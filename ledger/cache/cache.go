@@ -72,6 +72,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/near"
 )
 
 // DefaultPrefix starts every key of the cache.
@@ -134,7 +135,7 @@ type Ledger struct {
 	now     func() time.Time // the local clock, for expiry checks
 	bus     *bus
 	memo    *memo
-	near    *near
+	near    *near.Cache
 
 	closeTruth, closeClient bool
 	closeOnce               sync.Once
@@ -183,7 +184,7 @@ func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 		now:         time.Now,
 		bus:         newBus(rdb, opts.Prefix+"done", opts.Timeout, log),
 		memo:        newMemo(memoSize),
-		near:        newNear(opts.LocalEntries, opts.LocalBytes),
+		near:        near.New(opts.LocalEntries, opts.LocalBytes),
 		closeTruth:  opts.CloseTruth,
 		closeClient: opts.CloseClient,
 	}
@@ -248,8 +249,8 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 // lookup answers p from the cache, if a reply passes every check.
 func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Reservation, bool) {
 	key := l.replyKey(p.OwnerHash, p.KeyHash)
-	if j := l.near.get(key, l.now()); j != nil {
-		return l.answer(j, p), true
+	if j := l.near.Get(key, l.now()); j != nil {
+		return near.Answer(j, p, l.now()), true
 	}
 	rctx, cancel := context.WithTimeout(ctx, l.timeout)
 	b, err := l.rdb.Get(rctx, key).Bytes()
@@ -274,22 +275,8 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Re
 	if !now.Before(until) {
 		return ledger.Reservation{}, false // near or past its expiry: ask the truth
 	}
-	l.near.put(key, j, until)
-	return l.answer(j, p), true
-}
-
-// answer is the reservation of p answered by j, a verified reply for its
-// owner and key that has not expired.
-func (l *Ledger) answer(j *ledger.Job, p *ledger.ReserveParams) ledger.Reservation {
-	now := l.now()
-	if j.FingerprintVersion != p.FingerprintVersion || !bytes.Equal(j.Fingerprint, p.Fingerprint) {
-		return ledger.Reservation{
-			Outcome: ledger.Mismatch,
-			Job:     &ledger.Job{ID: j.ID, State: j.State, CreatedAt: j.CreatedAt},
-			Now:     now,
-		}
-	}
-	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}
+	l.near.Put(key, j, until)
+	return near.Answer(j, p, l.now()), true
 }
 
 // trusted reports whether a decoded reply is one the cache may have
@@ -324,7 +311,7 @@ func (l *Ledger) write(ctx context.Context, u update) {
 			if v := encode(j, l.mac); len(v) <= l.maxSize {
 				key := l.replyKey(j.OwnerHash, j.KeyHash)
 				pipe.SetArgs(ctx, key, v, redis.SetArgs{ExpireAt: until})
-				l.near.put(key, j, until)
+				l.near.Put(key, j, until)
 			}
 		}
 	}

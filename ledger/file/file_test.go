@@ -81,3 +81,43 @@ func TestLockTimeout(t *testing.T) {
 		t.Fatal("a second open of a locked file succeeded")
 	}
 }
+
+// TestReplaysKeptInProcess: replays of a completed job are answered from
+// the process once read, mismatches too, and never past the job's expiry.
+func TestReplaysKeptInProcess(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now()
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.db"), Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute}}
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 201, Body: []byte("once"), Size: 4, Stored: true}); err != nil || !c.Won {
+		t.Fatal(c.Won, err)
+	}
+	for i := range 3 {
+		got, err := l.Reserve(ctx, p)
+		if err != nil || got.Outcome != ledger.Done || got.Job.ID != r.Job.ID || string(got.Job.Response.Body) != "once" {
+			t.Fatalf("replay %d: %v %+v %v", i, got.Outcome, got.Job, err)
+		}
+	}
+	if l.completed.Len() != 1 {
+		t.Fatalf("%d jobs kept in the process, want 1", l.completed.Len())
+	}
+	other := p
+	other.Fingerprint = []byte("another request")
+	if got, err := l.Reserve(ctx, other); err != nil || got.Outcome != ledger.Mismatch || got.Job.ID != r.Job.ID {
+		t.Fatalf("another request: %v %v", got.Outcome, err)
+	}
+	now = now.Add(time.Hour) // the job's retention has passed
+	got, err := l.Reserve(ctx, p)
+	if err != nil || got.Outcome != ledger.Created || got.Job.ID == r.Job.ID {
+		t.Fatalf("after expiry: %v %v, want a new job", got.Outcome, err)
+	}
+}

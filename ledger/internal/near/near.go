@@ -1,0 +1,104 @@
+// Package near keeps completed jobs in the process, for replays without a
+// round trip to the ledger: a completed job's answer never changes before
+// the job expires, so a copy answers as well as the ledger until then.
+package near
+
+import (
+	"bytes"
+	"container/list"
+	"sync"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// Cache holds completed jobs by key (their owner and key), most recently
+// used first, bounded in count and in bytes. It is safe for concurrent
+// use; the jobs it holds are shared and read-only.
+type Cache struct {
+	mu       sync.Mutex
+	max      int // entries; 0 disables the tier
+	maxBytes int
+	bytes    int
+	order    *list.List // of *nearEntry, most recent first
+	entries  map[string]*list.Element
+}
+
+type nearEntry struct {
+	key   string
+	job   *ledger.Job // read-only
+	until time.Time
+	size  int
+}
+
+// New returns a Cache of at most entries jobs (0 or less: it keeps
+// nothing) and about maxBytes bytes.
+func New(entries, maxBytes int) *Cache {
+	return &Cache{max: max(entries, 0), maxBytes: maxBytes, order: list.New(), entries: make(map[string]*list.Element)}
+}
+
+// Get returns the job cached under key while it is valid at now.
+func (n *Cache) Get(key string, now time.Time) *ledger.Job {
+	if n.max <= 0 {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e, ok := n.entries[key]
+	if !ok {
+		return nil
+	}
+	ent := e.Value.(*nearEntry)
+	if !now.Before(ent.until) {
+		n.remove(e)
+		return nil
+	}
+	n.order.MoveToFront(e)
+	return ent.job
+}
+
+// Put caches j, which has a response, under key until until, evicting the
+// least recently used jobs beyond the bounds.
+func (n *Cache) Put(key string, j *ledger.Job, until time.Time) {
+	size := len(key) + len(j.Response.Body) + 512 // the job's other fields, roughly
+	if n.max <= 0 || size > n.maxBytes {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if e, ok := n.entries[key]; ok {
+		n.remove(e)
+	}
+	n.entries[key] = n.order.PushFront(&nearEntry{key: key, job: j, until: until, size: size})
+	n.bytes += size
+	for len(n.entries) > n.max || n.bytes > n.maxBytes {
+		n.remove(n.order.Back())
+	}
+}
+
+func (n *Cache) remove(e *list.Element) {
+	ent := n.order.Remove(e).(*nearEntry)
+	delete(n.entries, ent.key)
+	n.bytes -= ent.size
+}
+
+// Len returns the number of jobs held.
+func (n *Cache) Len() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.entries)
+}
+
+// Answer is the reservation of p answered by j, a completed job for p's
+// owner and key that has not expired: its answer, or a mismatch when p is
+// another request.
+func Answer(j *ledger.Job, p *ledger.ReserveParams, now time.Time) ledger.Reservation {
+	if j.FingerprintVersion != p.FingerprintVersion || !bytes.Equal(j.Fingerprint, p.Fingerprint) {
+		return ledger.Reservation{
+			Outcome: ledger.Mismatch,
+			Job:     &ledger.Job{ID: j.ID, State: j.State, CreatedAt: j.CreatedAt},
+			Now:     now,
+		}
+	}
+	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}
+}
