@@ -145,7 +145,10 @@ func runSeries(cfg config, up *upstream) []result {
 	gw := func(ledger string) string {
 		return "\tidempotency {\n\t\t" + ledger + "\n\t}\n" + proxy
 	}
-	pg := "ledger postgres " + cfg.postgres + " bench"
+	// The gateway's pool gets as many connections as pgbench has clients
+	// (pgx's default is 4 on this machine): the same resources on both
+	// sides of the comparison.
+	pg := "ledger postgres " + withParam(cfg.postgres, "pool_max_conns", strconv.Itoa(cfg.connections)) + " bench"
 	list := []series{
 		{name: "plain_respond", binary: cfg.plain, mode: "plain",
 			site: "\theader Content-Type application/json\n\trespond `" + answer + "` 200\n"},
@@ -349,6 +352,15 @@ func printTable(w io.Writer, results []result) {
 		fmt.Fprintf(w, "%-22s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
 			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, target)
 	}
+}
+
+// withParam adds a query parameter to a URL-style DSN.
+func withParam(dsn, name, value string) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + name + "=" + value
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
