@@ -237,7 +237,7 @@ func (l *Ledger) notify(ids ...string) {
 // (replays, duplicates in flight, mismatches) change nothing: they are
 // answered from a read-only transaction, without a commit.
 func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
-	ident := identity(p.OwnerHash, p.KeyHash)
+	ident := identity(p.OwnerHash, p.KeyHash) // near.Key's form too
 	if j := l.completed.Get(string(ident), l.now()); j != nil {
 		return near.Answer(j, &p, l.now()), nil
 	}
@@ -263,7 +263,7 @@ func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Rese
 		var ch bool
 		r, ch = fsm.Reserve(j, p, now)
 		done = !ch
-		if done && r.Outcome == ledger.Done && replayable(j) {
+		if done && r.Outcome == ledger.Done && near.Replayable(j) {
 			// Keep it for the next replays: this process is the only
 			// writer of the file, and a completed job does not change
 			// before it expires.
@@ -311,12 +311,6 @@ func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Rese
 	}
 	l.notify(changed...)
 	return r, nil
-}
-
-// replayable reports whether j is completed with its whole answer stored,
-// which then never changes before j expires.
-func replayable(j *ledger.Job) bool {
-	return j.State == ledger.JobCompleted && j.Response != nil && j.Response.Stored && !j.ExpiresAt.IsZero()
 }
 
 // update applies fn to one unexpired job in a batched transaction and

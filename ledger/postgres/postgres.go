@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onejob/onejob/ledger/internal/near"
 )
 
 // DefaultSchema is the schema the ledger's tables live in.
@@ -38,6 +40,7 @@ type Ledger struct {
 	schema  string
 	channel string
 	listen  *listener
+	replays *near.Cache // completed jobs read lately
 }
 
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -72,7 +75,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 		pool.Close()
 		return nil, err
 	}
-	l := &Ledger{pool: pool, schema: schema, channel: schema + ".jobs"}
+	l := &Ledger{pool: pool, schema: schema, channel: schema + ".jobs", replays: near.New(10000, 64<<20)}
 	lcfg := cfg.ConnConfig.Copy()
 	lcfg.Tracer = nil
 	lcfg.RuntimeParams["application_name"] = "onejob-listener"

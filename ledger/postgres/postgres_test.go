@@ -129,6 +129,19 @@ func TestRoundTrips(t *testing.T) {
 	if n := tr.take(); n != 1 {
 		t.Errorf("replay reserve took %d queries, want 1", n)
 	}
+	// Later replays are answered from the process; another request under
+	// the key is refused from there too.
+	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Done || string(r.Job.Response.Body) != "x" {
+		t.Fatalf("second replay reserve: %v %v", r.Outcome, err)
+	}
+	other := p
+	other.Fingerprint = []byte("another request")
+	if r, err := l.Reserve(ctx, other); err != nil || r.Outcome != ledger.Mismatch {
+		t.Fatalf("another request under the key: %v %v", r.Outcome, err)
+	}
+	if n := tr.take(); n != 0 {
+		t.Errorf("second replay and mismatch took %d queries, want 0", n)
+	}
 }
 
 // TestMigrationsConcurrent opens several ledgers on a new schema at once:

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onejob/onejob/ledger/internal/near"
 )
 
 // DefaultPrefix starts every key of a ledger whose Options.Prefix is empty.
@@ -24,6 +26,8 @@ type Ledger struct {
 	client *redis.Client
 	prefix string
 	listen *listener
+	// replays holds completed jobs read lately.
+	replays *near.Cache
 }
 
 // Open connects to the Redis server at url (redis://, rediss:// or
@@ -44,7 +48,7 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 		client.Close()
 		return nil, fmt.Errorf("redis ledger: %w", err)
 	}
-	l := &Ledger{client: client, prefix: prefix}
+	l := &Ledger{client: client, prefix: prefix, replays: near.New(10000, 64<<20)}
 	l.listen = newListener(client, l.channel())
 	return l, nil
 }

@@ -157,6 +157,19 @@ func TestRoundTrips(t *testing.T) {
 	if n, cmds := h.take(); n != 1 {
 		t.Errorf("replay reserve took %d round trips %v, want 1", n, cmds)
 	}
+	// Later replays are answered from the process; another request under
+	// the key is refused from there too.
+	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Done || string(r.Job.Response.Body) != "x" {
+		t.Fatalf("second replay reserve: %v %v", r.Outcome, err)
+	}
+	other := p
+	other.Fingerprint = []byte("another request")
+	if r, err := l.Reserve(ctx, other); err != nil || r.Outcome != ledger.Mismatch {
+		t.Fatalf("another request under the key: %v %v", r.Outcome, err)
+	}
+	if n, cmds := h.take(); n != 0 {
+		t.Errorf("second replay and mismatch took %d round trips %v, want 0", n, cmds)
+	}
 	if _, err := l.Job(ctx, r.Job.ID); err != nil {
 		t.Fatal(err)
 	}

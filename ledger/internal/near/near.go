@@ -102,3 +102,41 @@ func Answer(j *ledger.Job, p *ledger.ReserveParams, now time.Time) ledger.Reserv
 	}
 	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}
 }
+
+// Margin is how long before a job's expiry a ledger shared by several
+// gateways stops answering it from the process: it covers the round trip
+// between the ledger's reading of its clock and this process's.
+const Margin = 5 * time.Second
+
+// Key is the cache key of an owner's key.
+func Key(ownerHash, keyHash []byte) string {
+	b := make([]byte, 0, len(ownerHash)+1+len(keyHash))
+	b = append(append(append(b, ownerHash...), 0), keyHash...)
+	return string(b)
+}
+
+// Replayable reports whether j is completed with its whole answer stored:
+// then it never changes before it expires.
+func Replayable(j *ledger.Job) bool {
+	return j != nil && j.State == ledger.JobCompleted && j.Response != nil && j.Response.Stored && !j.ExpiresAt.IsZero()
+}
+
+// Remember caches the job of a reservation that was answered Done for p,
+// with p's identity (Done means p's fingerprint matched), until margin
+// before it expires. The time it has left is measured by the ledger's
+// clock (the reservation's Now) and counted down on this process's, so
+// the two clocks need not agree. It returns the reservation unchanged.
+func (n *Cache) Remember(r ledger.Reservation, p *ledger.ReserveParams, margin time.Duration) ledger.Reservation {
+	if r.Outcome != ledger.Done || !Replayable(r.Job) || r.Now.IsZero() {
+		return r
+	}
+	left := r.Job.ExpiresAt.Sub(r.Now) - margin
+	if left <= 0 {
+		return r
+	}
+	j := *r.Job
+	j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
+	j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
+	n.Put(Key(p.OwnerHash, p.KeyHash), &j, time.Now().Add(left))
+	return r
+}
