@@ -230,7 +230,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	}
 	switch r.Outcome {
 	case ledger.Done:
-		if cacheable(r.Job) {
+		if near.Replayable(r.Job) {
 			// The request's identity is the job's: Done means the
 			// fingerprint matched.
 			j := *r.Job
@@ -283,18 +283,12 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Re
 // written for p: same owner and key, completed with a stored answer.
 func (l *Ledger) trusted(j *ledger.Job, p *ledger.ReserveParams) bool {
 	return bytes.Equal(j.OwnerHash, p.OwnerHash) && bytes.Equal(j.KeyHash, p.KeyHash) &&
-		j.ID != "" && j.CompletedBy != "" && cacheable(j)
-}
-
-// cacheable reports whether j may be cached: completed, with a stored
-// answer and an expiry.
-func cacheable(j *ledger.Job) bool {
-	return j != nil && j.State == ledger.JobCompleted && j.Response != nil && j.Response.Stored && !j.ExpiresAt.IsZero()
+		j.ID != "" && j.CompletedBy != "" && near.Replayable(j)
 }
 
 // update is one best-effort write to Redis, sent in one round trip.
 type update struct {
-	set     *ledger.Job // cache this job's reply (if cacheable)
+	set     *ledger.Job // cache this job's reply (if near.Replayable)
 	del     *ledger.Job // drop the reply of this job's owner and key
 	publish string      // publish this job id
 }
@@ -305,7 +299,7 @@ func (l *Ledger) write(ctx context.Context, u update) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	defer cancel()
 	pipe := l.rdb.Pipeline()
-	if j := u.set; j != nil && cacheable(j) && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
+	if j := u.set; j != nil && near.Replayable(j) && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
 		until := j.ExpiresAt.Add(-l.margin)
 		if until.After(l.now()) && len(j.Response.Body) <= l.maxSize {
 			if v := encode(j, l.mac); len(v) <= l.maxSize {
@@ -357,7 +351,7 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 		return c, err
 	}
 	u := update{publish: ref.JobID}
-	if c.Won && cacheable(c.Job) {
+	if c.Won && near.Replayable(c.Job) {
 		if j, ok := l.identified(ctx, ref.JobID, c.Job); ok {
 			u.set = j
 		}
@@ -380,7 +374,7 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 	switch {
 	case err != nil:
 		l.log.warn("redis cache: cannot read the job whose body was saved", zap.String("job_id", ref.JobID), zap.Error(err))
-	case cacheable(j):
+	case near.Replayable(j):
 		u.set = j
 	default:
 		u.del = j
@@ -419,7 +413,7 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 		return j, err
 	}
 	u := update{publish: jobID}
-	if cacheable(j) {
+	if near.Replayable(j) {
 		if full, ok := l.identified(ctx, jobID, j); ok {
 			u.set = full
 		}

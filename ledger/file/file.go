@@ -237,9 +237,9 @@ func (l *Ledger) notify(ids ...string) {
 // (replays, duplicates in flight, mismatches) change nothing: they are
 // answered from a read-only transaction, without a commit.
 func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
-	ident := identity(p.OwnerHash, p.KeyHash) // near.Key's form too
-	if j := l.completed.Get(string(ident), l.now()); j != nil {
-		return near.Answer(j, &p, l.now()), nil
+	ident, at := identity(p.OwnerHash, p.KeyHash), l.now() // ident is near.Key's form too
+	if j := l.completed.Get(string(ident), at); j != nil {
+		return near.Answer(j, &p, at), nil
 	}
 	var (
 		r       ledger.Reservation

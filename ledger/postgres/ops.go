@@ -83,14 +83,15 @@ func stringOf(t pgtype.Text) string { return t.String }
 // process read lately is answered from memory: the job cannot change before
 // it expires (see near.Margin).
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
-	if j := l.replays.Get(near.Key(p.OwnerHash, p.KeyHash), time.Now()); j != nil {
-		return near.Answer(j, &p, time.Now()), nil
+	key, now := near.Key(p.OwnerHash, p.KeyHash), time.Now()
+	if j := l.replays.Get(key, now); j != nil {
+		return near.Answer(j, &p, now), nil
 	}
 	r, err := l.reserve(ctx, p)
 	if err != nil {
 		return r, err
 	}
-	return l.replays.Remember(r, &p, near.Margin), nil
+	return l.replays.Remember(key, r, &p, near.Margin), nil
 }
 
 // reserve runs the reservation in the ledger.

@@ -57,10 +57,22 @@ func ApplyLeases(j *ledger.Job, now time.Time) int {
 			n++
 		}
 	}
-	if n > 0 && j.State == ledger.JobPending && j.CompletedBy == "" && !hasLive(j, "") {
+	if j.State == ledger.JobPending && j.CompletedBy == "" && !hasLive(j, "") && acted(j) {
 		j.State = ledger.JobUnknown
 	}
 	return n
+}
+
+// acted reports whether an attempt may have acted without a result kept:
+// it is unknown, or its result came too late (lost). A pending job with
+// nothing starting and such an attempt is unknown.
+func acted(j *ledger.Job) bool {
+	for _, a := range j.Attempts {
+		if a.State == ledger.AttemptUnknown || a.State == ledger.AttemptLost {
+			return true
+		}
+	}
+	return false
 }
 
 // hasLive reports whether an attempt other than except is starting.
@@ -173,12 +185,7 @@ func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now ti
 		}
 		finish(a, ledger.AttemptLost, reason, now)
 	}
-	ApplyLeases(j, now)
-	if j.State == ledger.JobPending && j.CompletedBy == "" && !hasLive(j, "") {
-		// The result came after its attempt's deadline and nothing else
-		// runs: the provider acted, and its answer was dropped.
-		j.State = ledger.JobUnknown
-	}
+	ApplyLeases(j, now) // a result after the deadline leaves the job unknown
 	return ledger.Completion{Won: false, Job: j.Clone()}, nil
 }
 

@@ -121,12 +121,13 @@ func Replayable(j *ledger.Job) bool {
 	return j != nil && j.State == ledger.JobCompleted && j.Response != nil && j.Response.Stored && !j.ExpiresAt.IsZero()
 }
 
-// Remember caches the job of a reservation that was answered Done for p,
+// Remember caches under key (Key of p's owner and key) the job of a
+// reservation that was answered Done for p,
 // with p's identity (Done means p's fingerprint matched), until margin
 // before it expires. The time it has left is measured by the ledger's
 // clock (the reservation's Now) and counted down on this process's, so
 // the two clocks need not agree. It returns the reservation unchanged.
-func (n *Cache) Remember(r ledger.Reservation, p *ledger.ReserveParams, margin time.Duration) ledger.Reservation {
+func (n *Cache) Remember(key string, r ledger.Reservation, p *ledger.ReserveParams, margin time.Duration) ledger.Reservation {
 	if r.Outcome != ledger.Done || !Replayable(r.Job) || r.Now.IsZero() {
 		return r
 	}
@@ -137,6 +138,6 @@ func (n *Cache) Remember(r ledger.Reservation, p *ledger.ReserveParams, margin t
 	j := *r.Job
 	j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
 	j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
-	n.Put(Key(p.OwnerHash, p.KeyHash), &j, time.Now().Add(left))
+	n.Put(key, &j, time.Now().Add(left))
 	return r
 }

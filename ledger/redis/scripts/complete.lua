@@ -33,11 +33,6 @@ if a.s ~= 'succeeded' then
 	end
 	finish(J, a, 'lost', reason, now)
 end
-apply_leases(J, A, now)
-if J.state == 'pending' and J.by == '' and not has_live(J, A, nil) then
-	-- The result came after its attempt's deadline and nothing else runs:
-	-- the provider acted, and its answer was dropped.
-	set_state(J, 'unknown')
-end
+apply_leases(J, A, now) -- a result after the deadline leaves the job unknown
 reindex(J, A)
 return {'lost', fmt(now), job_reply(J, true), redis.call('HGETALL', J.akey)}

@@ -114,6 +114,17 @@ local function has_active(J, A, except)
 	return false
 end
 
+-- acted: an attempt may have acted without a result kept (unknown, or its
+-- result came too late: lost).
+local function acted(J, A)
+	for i = 1, J.n do
+		if A[i].s == 'unknown' or A[i].s == 'lost' then
+			return true
+		end
+	end
+	return false
+end
+
 -- apply_leases records starting attempts whose deadline passed as unknown,
 -- and the job as unknown when nothing else can settle it (fsm.ApplyLeases).
 local function apply_leases(J, A, now)
@@ -125,7 +136,7 @@ local function apply_leases(J, A, now)
 			n = n + 1
 		end
 	end
-	if n > 0 and J.state == 'pending' and J.by == '' and not has_live(J, A, nil) then
+	if J.state == 'pending' and J.by == '' and not has_live(J, A, nil) and acted(J, A) then
 		set_state(J, 'unknown')
 	end
 	return n
