@@ -83,7 +83,7 @@ func benchWaiters(cfg config, w io.Writer) error {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	err = until(2*time.Minute, func() bool { return inFlightRequests(srv.admin) >= float64(cfg.waiters) })
+	err = until(2*time.Minute, func() bool { return metric(srv.admin, "caddy_http_requests_in_flight") >= float64(cfg.waiters) })
 	holding, stacks, heap := srv.rss(), metric(srv.admin, "go_memstats_stack_inuse_bytes"), metric(srv.admin, "go_memstats_heap_inuse_bytes")
 	if os.Getenv("ONEJOB_BENCH_PPROF") != "" {
 		for _, p := range []string{"heap", "goroutine"} {
@@ -98,7 +98,7 @@ func benchWaiters(cfg config, w io.Writer) error {
 	close(release)
 	wg.Wait()
 	if err != nil {
-		return fmt.Errorf("waiters: only %.0f of %d requests reached the gateway", inFlightRequests(srv.admin), cfg.waiters)
+		return fmt.Errorf("waiters: only %.0f of %d requests reached the gateway", metric(srv.admin, "caddy_http_requests_in_flight"), cfg.waiters)
 	}
 	if n := reached.Load(); n != 1 {
 		return fmt.Errorf("waiters: %d requests reached the upstream, want 1", n)
@@ -123,26 +123,9 @@ func benchWaiters(cfg config, w io.Writer) error {
 	return nil
 }
 
-// metric reads one unlabelled metric from the admin endpoint's metrics.
+// metric sums the samples of one metric (any labels) in the admin
+// endpoint's metrics.
 func metric(admin, name string) float64 {
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
-}
-
-// inFlightRequests reads Caddy's caddy_http_requests_in_flight from the
-// admin endpoint's metrics (the site has one route).
-func inFlightRequests(admin string) float64 {
 	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		return 0
@@ -152,7 +135,7 @@ func inFlightRequests(admin string) float64 {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "caddy_http_requests_in_flight{") {
+		if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
 			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 			total += v
 		}
