@@ -15,22 +15,32 @@ import (
 // is safe for concurrent use by many goroutines and, for the shared backends,
 // by many gateway processes. Deadlines and expiry are judged by the ledger's
 // own clock.
+//
+// Every transition is idempotent by the ids the caller chose (the job id and
+// attempt ids in ReserveParams, NextAttempt and Resolution): applied twice,
+// concurrently or one after the other, it has the effect of once and returns
+// what the first application returned. A caller that did not get a reply may
+// therefore repeat the call; a ledger's client library must never repeat
+// one on its own, as only the caller knows the ids.
 type Ledger interface {
-	// Reserve creates the job for (owner, key) with attempt 1 starting, or
-	// reports what already exists. A failed job is re-opened with a new
-	// attempt (only one concurrent caller succeeds); an expired job is
-	// replaced in place by a new job with a new id.
+	// Reserve creates the job p.JobID for (owner, key) with attempt
+	// p.Attempt starting, or reports what already exists. A failed job is
+	// re-opened with attempt p.Attempt (only one concurrent caller
+	// succeeds); an expired job is replaced in place by the job p.JobID.
+	// A repeat finds p.Attempt in the job and answers Created or Reopened
+	// again, with that attempt as it is now.
 	Reserve(ctx context.Context, p ReserveParams) (Reservation, error)
 
-	// Hedge starts a concurrent attempt for a pending job, without changing
-	// its version: both attempts then race for the result slot.
+	// Hedge starts the concurrent attempt next for a pending job, without
+	// changing its version: both attempts then race for the result slot.
 	Hedge(ctx context.Context, ref AttemptRef, next NextAttempt) (Attempt, error)
 
 	// Complete offers the attempt's result to the job by compare-and-swap on
 	// (id, version, completed_by IS NULL) within the attempt's deadline. The
-	// loser's result is discarded and the attempt becomes lost; the returned
-	// job then holds the winner's answer (or none, if the job was resolved
-	// otherwise).
+	// loser's result is discarded and the attempt becomes lost (a cancelled
+	// attempt stays cancelled); the returned job then holds the winner's
+	// answer (or none, if the job was resolved otherwise). A repeat by the
+	// winner reports that it won.
 	Complete(ctx context.Context, ref AttemptRef, resp Response) (Completion, error)
 
 	// SaveBody stores the body of an answer whose result slot the attempt
@@ -39,13 +49,21 @@ type Ledger interface {
 	// the body was cut short or too large, and body is then dropped.
 	SaveBody(ctx context.Context, ref AttemptRef, body []byte, size int64, stored bool) error
 
-	// Fail records a definitive failure of the attempt. With next set, a new
-	// attempt for that provider starts in the same step (failover), unless
-	// another attempt of the job is still starting or unknown, or the job
-	// was settled meanwhile (ErrBlocked; the failure is recorded all the
-	// same). Without next, the job becomes failed once no other attempt is
-	// starting or unknown.
+	// Fail records a definitive failure of the attempt. With next set, the
+	// attempt next starts in the same step (failover), unless another
+	// attempt of the job blocks new ones (starting, unknown, or lost while
+	// no attempt has won) or the job was settled meanwhile (ErrBlocked; the
+	// failure is recorded all the same). Without next, the job becomes
+	// failed once nothing blocks it.
 	Fail(ctx context.Context, ref AttemptRef, reason string, next *NextAttempt) (*Attempt, error)
+
+	// Unsent records that the gateway never sent attempt ref (the ledger
+	// stopped answering before the request was forwarded): the attempt
+	// becomes failed, even after its lease made it unknown, as long as
+	// nothing else touched the job (its version is the one the attempt
+	// read, no result won, no later attempt started); the job becomes failed
+	// when nothing else blocks it. ErrStale when something else touched it.
+	Unsent(ctx context.Context, ref AttemptRef) error
 
 	// MarkUnknown records that the attempt's outcome is unknown. The job
 	// becomes unknown unless a result already won; its version is kept, so a
@@ -78,6 +96,9 @@ type Ledger interface {
 
 // ReserveParams identify a request and the first attempt to start for it.
 type ReserveParams struct {
+	// JobID is the id of the job, if this call creates it: a UUIDv7 the
+	// caller chose (NewID), the same in every repeat of the call.
+	JobID string
 	// OwnerHash and KeyHash identify the job; they are hashes, never the
 	// owner or the key in clear.
 	OwnerHash []byte
@@ -94,6 +115,9 @@ type ReserveParams struct {
 
 // NextAttempt describes an attempt about to start.
 type NextAttempt struct {
+	// ID is the attempt's id: a UUIDv7 the caller chose (NewID), the same
+	// in every repeat of the call that starts it.
+	ID string
 	// Provider names the provider the attempt is sent to.
 	Provider string
 	// Lease is how long the attempt may run: its attempt_deadline is the
@@ -177,6 +201,9 @@ type Resolution struct {
 	Cancel bool
 	// Response, when Cancel is false, completes the job with this answer.
 	Response *Response
+	// AttemptID is the id of the attempt (provider "admin") that completes
+	// the job: chosen by the caller, so that a repeat is recognized.
+	AttemptID string
 }
 
 // JobQuery filters and pages a listing of jobs.
@@ -206,6 +233,15 @@ type SweepStats struct {
 	Unknown int // attempts whose lease ran out, recorded as unknown
 	Removed int // expired jobs removed
 }
+
+// Reasons recorded on attempts by the ledgers themselves.
+const (
+	// ReasonLeaseExpired: the attempt's lease ran out while it was starting
+	// (its gateway instance died or lost the ledger).
+	ReasonLeaseExpired = "lease expired"
+	// ReasonUnsent: the gateway never sent the attempt (Unsent).
+	ReasonUnsent = "never sent: the ledger did not answer before the request was forwarded"
+)
 
 // Errors returned by ledgers. Any other error means the ledger could not
 // answer: the gateway fails closed.

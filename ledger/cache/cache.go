@@ -199,6 +199,9 @@ func NewClient(url string) (*redis.Client, error) {
 		return nil, fmt.Errorf("redis cache: %w", err)
 	}
 	opt.ContextTimeoutEnabled = true
+	// Never re-send a command whose reply was lost: the gateway decides
+	// what to repeat (the cache only ever falls back to the truth).
+	opt.MaxRetries = -1
 	if opt.DialerRetries == 0 {
 		// Fail over to the truth at once while Redis refuses connections.
 		opt.DialerRetries = 1
@@ -399,6 +402,15 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 // MarkUnknown implements ledger.Ledger and publishes the job's id.
 func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason string) error {
 	if err := l.truth.MarkUnknown(ctx, ref, reason); err != nil {
+		return err
+	}
+	l.write(ctx, update{publish: ref.JobID})
+	return nil
+}
+
+// Unsent implements ledger.Ledger and publishes the job's id.
+func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
+	if err := l.truth.Unsent(ctx, ref); err != nil {
 		return err
 	}
 	l.write(ctx, update{publish: ref.JobID})

@@ -145,6 +145,13 @@ func (l *Ledger) Fail(_ context.Context, ref ledger.AttemptRef, reason string, n
 	return a, err
 }
 
+// Unsent implements ledger.Ledger.
+func (l *Ledger) Unsent(_ context.Context, ref ledger.AttemptRef) error {
+	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		return fsm.Unsent(j, ref, now)
+	})
+}
+
 // MarkUnknown implements ledger.Ledger.
 func (l *Ledger) MarkUnknown(_ context.Context, ref ledger.AttemptRef, reason string) error {
 	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {

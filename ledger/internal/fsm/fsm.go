@@ -12,10 +12,10 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// NewJob returns a new pending job for p with attempt 1 starting.
+// NewJob returns the new pending job p.JobID with attempt p.Attempt starting.
 func NewJob(p ledger.ReserveParams, now time.Time) *ledger.Job {
 	j := &ledger.Job{
-		ID:                 ledger.NewID(),
+		ID:                 p.JobID,
 		OwnerHash:          bytes.Clone(p.OwnerHash),
 		KeyHash:            bytes.Clone(p.KeyHash),
 		Fingerprint:        bytes.Clone(p.Fingerprint),
@@ -31,7 +31,7 @@ func NewJob(p ledger.ReserveParams, now time.Time) *ledger.Job {
 
 func addAttempt(j *ledger.Job, next ledger.NextAttempt, now time.Time) *ledger.Attempt {
 	j.Attempts = append(j.Attempts, ledger.Attempt{
-		ID:         ledger.NewID(),
+		ID:         next.ID,
 		JobID:      j.ID,
 		Number:     len(j.Attempts) + 1,
 		Provider:   next.Provider,
@@ -53,24 +53,36 @@ func ApplyLeases(j *ledger.Job, now time.Time) int {
 		if a.State == ledger.AttemptStarting && !now.Before(a.Deadline) {
 			a.State = ledger.AttemptUnknown
 			a.FinishedAt = a.Deadline
-			a.Error = "lease expired"
+			a.Error = ledger.ReasonLeaseExpired
 			n++
 		}
 	}
-	if j.State == ledger.JobPending && j.CompletedBy == "" && !hasLive(j, "") && acted(j) {
+	if j.State == ledger.JobPending && j.CompletedBy == "" && !hasLive(j, "") && Blocks(j, "") {
 		j.State = ledger.JobUnknown
 	}
 	return n
 }
 
-// acted reports whether an attempt may have acted without a result kept:
-// it is unknown, or its result came too late (lost). A pending job with
-// nothing starting and such an attempt is unknown.
-func acted(j *ledger.Job) bool {
+// Blocks reports whether an attempt other than except blocks new attempts
+// (SPEC rule 1): it is starting or unknown, or it is lost while no attempt
+// has won (its provider acted and its result was discarded) and no
+// operator settled the job since it started (a cancel, and the re-open it
+// allows, increment the version). A cancelled attempt never blocks.
+func Blocks(j *ledger.Job, except string) bool {
 	for _, a := range j.Attempts {
-		if a.State == ledger.AttemptUnknown || a.State == ledger.AttemptLost {
+		if a.ID != except && blocks(j, &a) {
 			return true
 		}
+	}
+	return false
+}
+
+func blocks(j *ledger.Job, a *ledger.Attempt) bool {
+	switch a.State {
+	case ledger.AttemptStarting, ledger.AttemptUnknown:
+		return true
+	case ledger.AttemptLost:
+		return j.CompletedBy == "" && a.JobVersion == j.Version
 	}
 	return false
 }
@@ -85,34 +97,32 @@ func hasLive(j *ledger.Job, except string) bool {
 	return false
 }
 
-// hasActive reports whether an attempt other than except is starting or
-// unknown: such an attempt blocks new ones.
-func hasActive(j *ledger.Job, except string) bool {
-	for _, a := range j.Attempts {
-		if a.ID != except && (a.State == ledger.AttemptStarting || a.State == ledger.AttemptUnknown) {
-			return true
-		}
-	}
-	return false
-}
-
-// blocking returns the attempt that blocks new attempts: the live one with
-// the latest deadline, else the unknown one with the latest deadline.
-func blocking(j *ledger.Job) *ledger.Attempt {
-	var best *ledger.Attempt
-	for _, want := range []ledger.AttemptState{ledger.AttemptStarting, ledger.AttemptUnknown} {
-		for i := range j.Attempts {
-			a := &j.Attempts[i]
-			if a.State == want && (best == nil || a.Deadline.After(best.Deadline)) {
-				best = a
+// Blocking returns the attempt that blocks new attempts: the starting one
+// with the latest deadline, else the blocking one (unknown, or lost with no
+// winner) with the latest deadline; nil when none blocks.
+func Blocking(j *ledger.Job) *ledger.Attempt {
+	var live, other *ledger.Attempt
+	for i := range j.Attempts {
+		a := &j.Attempts[i]
+		switch {
+		case a.State == ledger.AttemptStarting:
+			if live == nil || a.Deadline.After(live.Deadline) {
+				live = a
+			}
+		case blocks(j, a):
+			if other == nil || a.Deadline.After(other.Deadline) {
+				other = a
 			}
 		}
-		if best != nil {
-			c := *best
-			return &c
-		}
 	}
-	return nil
+	if live == nil {
+		live = other
+	}
+	if live == nil {
+		return nil
+	}
+	c := *live
+	return &c
 }
 
 // Reserve applies a reservation to an existing, unexpired job j. It reports
@@ -127,6 +137,17 @@ func Reserve(j *ledger.Job, p ledger.ReserveParams, now time.Time) (ledger.Reser
 	}
 	changed := ApplyLeases(j, now) > 0
 	r := ledger.Reservation{Now: now}
+	if a := find(j, p.Attempt.ID); a != nil {
+		// A repeat: this call's attempt exists, as the first call left it
+		// or as it went on since.
+		r.Outcome = ledger.Created
+		if a.Number > 1 {
+			r.Outcome = ledger.Reopened
+		}
+		c := *a
+		r.Attempt, r.Job = &c, j.Clone()
+		return r, changed
+	}
 	switch {
 	case j.State == ledger.JobCompleted || j.CompletedBy != "":
 		r.Outcome = ledger.Done
@@ -137,9 +158,9 @@ func Reserve(j *ledger.Job, p ledger.ReserveParams, now time.Time) (ledger.Reser
 		a := *addAttempt(j, p.Attempt, now)
 		r.Outcome, r.Attempt, changed = ledger.Reopened, &a, true
 	case j.State == ledger.JobPending && hasLive(j, ""):
-		r.Outcome, r.Attempt = ledger.InFlight, blocking(j)
+		r.Outcome, r.Attempt = ledger.InFlight, Blocking(j)
 	default:
-		r.Outcome, r.Attempt = ledger.Unknown, blocking(j)
+		r.Outcome, r.Attempt = ledger.Unknown, Blocking(j)
 	}
 	r.Job = j.Clone()
 	return r, changed
@@ -162,12 +183,23 @@ func settle(j *ledger.Job, s ledger.JobState, now time.Time) {
 	j.State, j.CompletedAt, j.ExpiresAt = s, now, now.Add(j.Retention)
 }
 
+// settled reports whether the job has a result or was failed: no attempt
+// can start or win any more.
+func settled(j *ledger.Job) bool {
+	return j.CompletedBy != "" || j.State == ledger.JobCompleted || j.State == ledger.JobFailed
+}
+
 // Complete offers resp as the result of attempt ref: compare-and-swap on the
-// job's version and empty result slot, within the attempt's deadline.
+// job's version and empty result slot, within the attempt's deadline. A
+// repeat by the winner reports that it won; a cancelled attempt's result is
+// dropped and the attempt stays cancelled (it never blocks again).
 func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now time.Time) (ledger.Completion, error) {
 	a := find(j, ref.AttemptID)
 	if a == nil {
 		return ledger.Completion{}, ledger.ErrNotFound
+	}
+	if j.CompletedBy == a.ID {
+		return ledger.Completion{Won: true, Job: j.Clone()}, nil
 	}
 	live := a.State == ledger.AttemptStarting || a.State == ledger.AttemptUnknown
 	if j.Version == ref.Version && j.CompletedBy == "" && live && now.Before(a.Deadline) {
@@ -178,14 +210,16 @@ func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now ti
 		finish(a, ledger.AttemptSucceeded, "", now)
 		return ledger.Completion{Won: true, Job: j.Clone()}, nil
 	}
-	if a.State != ledger.AttemptSucceeded {
+	switch a.State {
+	case ledger.AttemptCancelled, ledger.AttemptLost:
+	default:
 		reason := "result arrived after the job was settled"
 		if !now.Before(a.Deadline) {
 			reason = "result arrived after attempt_deadline"
 		}
 		finish(a, ledger.AttemptLost, reason, now)
 	}
-	ApplyLeases(j, now) // a result after the deadline leaves the job unknown
+	ApplyLeases(j, now) // an unbeaten lost result leaves the job unknown
 	return ledger.Completion{Won: false, Job: j.Clone()}, nil
 }
 
@@ -205,25 +239,48 @@ func SaveBody(j *ledger.Job, ref ledger.AttemptRef, body []byte, size int64, sto
 }
 
 // Fail records a definitive failure of attempt ref, then either starts next
-// or, when nothing else is running, fails the job. An attempt already
-// marked unknown may still report a definitive failure until its deadline
-// (a late 503 proves the provider did not act), but never fail over.
+// or, when nothing else blocks, fails the job. An attempt already marked
+// unknown may still report a definitive failure until its deadline (a late
+// 503 proves the provider did not act), but never fail over. A repeat
+// returns the attempt the first call started, or ErrBlocked if it started
+// none.
 func Fail(j *ledger.Job, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt, now time.Time) (*ledger.Attempt, error) {
 	ApplyLeases(j, now)
 	a := find(j, ref.AttemptID)
 	if a == nil {
 		return nil, ledger.ErrNotFound
 	}
+	if a.State == ledger.AttemptFailed {
+		return repeatedFailure(j, next)
+	}
 	late := a.State == ledger.AttemptUnknown && now.Before(a.Deadline) && next == nil
 	if a.State != ledger.AttemptStarting && !late {
 		return nil, ledger.ErrStale
 	}
 	finish(a, ledger.AttemptFailed, reason, now)
-	blocked := j.CompletedBy != "" || j.State == ledger.JobCompleted || j.State == ledger.JobFailed || hasActive(j, a.ID)
-	if next != nil && blocked {
-		return nil, ledger.ErrBlocked
+	return afterFailure(j, a, next, now)
+}
+
+// repeatedFailure answers a repeat of a failure already recorded.
+func repeatedFailure(j *ledger.Job, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	if next == nil {
+		return nil, nil
 	}
-	if blocked {
+	if n := find(j, next.ID); n != nil {
+		c := *n
+		return &c, nil
+	}
+	return nil, ledger.ErrBlocked
+}
+
+// afterFailure starts next, or fails the job, once attempt a failed; when
+// something blocks, the job is left unknown if nothing else runs.
+func afterFailure(j *ledger.Job, a *ledger.Attempt, next *ledger.NextAttempt, now time.Time) (*ledger.Attempt, error) {
+	if settled(j) || Blocks(j, a.ID) {
+		ApplyLeases(j, now)
+		if next != nil {
+			return nil, ledger.ErrBlocked
+		}
 		return nil, nil
 	}
 	if next != nil {
@@ -233,6 +290,32 @@ func Fail(j *ledger.Job, ref ledger.AttemptRef, reason string, next *ledger.Next
 	}
 	settle(j, ledger.JobFailed, now)
 	return nil, nil
+}
+
+// Unsent records that attempt ref was never sent: it becomes failed, even
+// after its lease made it unknown, as long as nothing else touched the job.
+func Unsent(j *ledger.Job, ref ledger.AttemptRef, now time.Time) error {
+	ApplyLeases(j, now)
+	a := find(j, ref.AttemptID)
+	if a == nil {
+		return ledger.ErrNotFound
+	}
+	switch a.State {
+	case ledger.AttemptFailed:
+		return nil // a repeat, or a failure recorded otherwise: either way not sent
+	case ledger.AttemptStarting:
+	case ledger.AttemptUnknown:
+		untouched := a.Error == ledger.ReasonLeaseExpired && j.Version == a.JobVersion &&
+			j.CompletedBy == "" && a.Number == len(j.Attempts)
+		if !untouched {
+			return ledger.ErrStale
+		}
+	default:
+		return ledger.ErrStale
+	}
+	finish(a, ledger.AttemptFailed, ledger.ReasonUnsent, now)
+	_, err := afterFailure(j, a, nil, now)
+	return err
 }
 
 // MarkUnknown records that attempt ref's outcome is unknown, and the job's
@@ -255,20 +338,33 @@ func MarkUnknown(j *ledger.Job, ref ledger.AttemptRef, reason string, now time.T
 	return nil
 }
 
-// Hedge starts a concurrent attempt for the pending job, keeping its version.
+// Hedge starts the concurrent attempt next for the pending job, keeping its
+// version. A repeat returns the attempt the first call started.
 func Hedge(j *ledger.Job, ref ledger.AttemptRef, next ledger.NextAttempt, now time.Time) (ledger.Attempt, error) {
 	ApplyLeases(j, now)
+	if a := find(j, next.ID); a != nil {
+		return *a, nil
+	}
 	if j.State != ledger.JobPending || j.CompletedBy != "" || j.Version != ref.Version {
 		return ledger.Attempt{}, ledger.ErrStale
 	}
 	return *addAttempt(j, next, now), nil
 }
 
-// Resolve settles the job out of band.
+// Resolve settles the job out of band. A repeat of a completion (the same
+// r.AttemptID) changes nothing; so does a cancel of a job already failed
+// with nothing starting or unknown.
 func Resolve(j *ledger.Job, r ledger.Resolution, now time.Time) error {
 	ApplyLeases(j, now)
+	cancel := r.Cancel || r.Response == nil
+	if !cancel && j.CompletedBy != "" && j.CompletedBy == r.AttemptID {
+		return nil
+	}
 	if j.CompletedBy != "" || j.State == ledger.JobCompleted {
 		return ledger.ErrCompleted
+	}
+	if cancel && j.State == ledger.JobFailed && !hasRunning(j) {
+		return nil
 	}
 	for i := range j.Attempts {
 		a := &j.Attempts[i]
@@ -277,11 +373,11 @@ func Resolve(j *ledger.Job, r ledger.Resolution, now time.Time) error {
 		}
 	}
 	j.Version++
-	if r.Cancel || r.Response == nil {
+	if cancel {
 		settle(j, ledger.JobFailed, now)
 		return nil
 	}
-	a := addAttempt(j, ledger.NextAttempt{Provider: ledger.AdminProvider}, now)
+	a := addAttempt(j, ledger.NextAttempt{ID: r.AttemptID, Provider: ledger.AdminProvider}, now)
 	finish(a, ledger.AttemptSucceeded, "", now)
 	j.CompletedBy = a.ID
 	j.Response = r.Response.Clone()
@@ -289,6 +385,16 @@ func Resolve(j *ledger.Job, r ledger.Resolution, now time.Time) error {
 	j.Response.Size = int64(len(r.Response.Body))
 	settle(j, ledger.JobCompleted, now)
 	return nil
+}
+
+// hasRunning reports whether an attempt is starting or unknown.
+func hasRunning(j *ledger.Job) bool {
+	for _, a := range j.Attempts {
+		if a.State == ledger.AttemptStarting || a.State == ledger.AttemptUnknown {
+			return true
+		}
+	}
+	return false
 }
 
 // Matches reports whether the job passes the listing filter q.
