@@ -113,6 +113,18 @@ type ReserveParams struct {
 	Attempt NextAttempt
 }
 
+// WithNewIDs returns p with a new job id and a new attempt id: the
+// parameters of another request for the same identity, not a repeat.
+func (p ReserveParams) WithNewIDs() ReserveParams {
+	p.JobID, p.Attempt.ID = NewID(), NewID()
+	return p
+}
+
+// NewAttempt returns the next attempt to start on provider, with a new id.
+func NewAttempt(provider string, lease time.Duration) NextAttempt {
+	return NextAttempt{ID: NewID(), Provider: provider, Lease: lease}
+}
+
 // NextAttempt describes an attempt about to start.
 type NextAttempt struct {
 	// ID is the attempt's id: a UUIDv7 the caller chose (NewID), the same

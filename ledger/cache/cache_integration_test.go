@@ -292,7 +292,7 @@ func TestReplayRoundTripsLocal(t *testing.T) {
 	// A different body under the same key is refused from the same tier.
 	other := p
 	other.Fingerprint = []byte("another request")
-	if res, err := l.Reserve(context.Background(), other); err != nil || res.Outcome != ledger.Mismatch {
+	if res, err := l.Reserve(context.Background(), other.WithNewIDs()); err != nil || res.Outcome != ledger.Mismatch {
 		t.Errorf("another request under the key: %v %v, want mismatch", res.Outcome, err)
 	}
 	// Another process reads the reply from Redis once, then keeps it.

@@ -143,7 +143,7 @@ func testCtx(t *testing.T) context.Context {
 
 func mustReserve(t *testing.T, l ledger.Ledger, p ledger.ReserveParams, want ledger.Outcome) ledger.Reservation {
 	t.Helper()
-	r, err := l.Reserve(testCtx(t), p)
+	r, err := l.Reserve(testCtx(t), p.WithNewIDs())
 	if err != nil {
 		t.Fatalf("Reserve: %v", err)
 	}
@@ -513,7 +513,7 @@ func TestResolveCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp := answer("operator")
-	if _, err := admin.Resolve(testCtx(t), r.Job.ID, ledger.Resolution{Response: &resp}); err != nil {
+	if _, err := admin.Resolve(testCtx(t), r.Job.ID, ledger.Resolution{Response: &resp, AttemptID: ledger.NewID()}); err != nil {
 		t.Fatal(err)
 	}
 	before := truth.reserves.Load()

@@ -123,7 +123,7 @@ func crashHelper(path string, round int) {
 				n := next
 				next++
 				mu.Unlock()
-				r, err := l.Reserve(ctx, crashParams(round, n))
+				r, err := l.Reserve(ctx, crashParams(round, n).WithNewIDs())
 				if err != nil || r.Outcome != ledger.Created {
 					fmt.Fprintln(os.Stderr, "reserve", n, r.Outcome, err)
 					os.Exit(2)
@@ -243,7 +243,7 @@ func checkAfterCrash(t *testing.T, path string, acks map[string]ack) {
 			continue
 		}
 		checkAnswer(t, j, a.round, a.n)
-		r, err := l.Reserve(ctx, p)
+		r, err := l.Reserve(ctx, p.WithNewIDs())
 		if err != nil || r.Outcome != ledger.Done || r.Job.ID != id {
 			t.Errorf("the key of acknowledged job %s: %v %+v %v", id, r.Outcome, r.Job, err)
 		}
@@ -296,7 +296,7 @@ func checkAfterCrash(t *testing.T, path string, acks map[string]ack) {
 
 	// The ledger takes new work.
 	p := crashParams(0, len(acks))
-	r, err := l.Reserve(ctx, p)
+	r, err := l.Reserve(ctx, p.WithNewIDs())
 	if err != nil || r.Outcome != ledger.Created {
 		t.Fatalf("a new job after the crash: %v %v", r.Outcome, err)
 	}

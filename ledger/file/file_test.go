@@ -36,7 +36,7 @@ func TestSurvivesReopen(t *testing.T) {
 	}
 	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
 		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}
-	r, err := l.Reserve(ctx, p)
+	r, err := l.Reserve(ctx, p.WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestSurvivesReopen(t *testing.T) {
 	}
 	q := p
 	q.KeyHash = []byte("k2")
-	pending, err := l.Reserve(ctx, q)
+	pending, err := l.Reserve(ctx, q.WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,12 +58,12 @@ func TestSurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	again, err := l.Reserve(ctx, p)
+	again, err := l.Reserve(ctx, p.WithNewIDs())
 	if err != nil || again.Outcome != ledger.Done || again.Job.ID != r.Job.ID || string(again.Job.Response.Body) != "kept" ||
 		again.Job.Response.Header["X"][0] != "y" {
 		t.Fatalf("after reopen: %v %+v %v", again.Outcome, again.Job, err)
 	}
-	if p2, err := l.Reserve(ctx, q); err != nil || p2.Outcome != ledger.InFlight || p2.Job.ID != pending.Job.ID {
+	if p2, err := l.Reserve(ctx, q.WithNewIDs()); err != nil || p2.Outcome != ledger.InFlight || p2.Job.ID != pending.Job.ID {
 		t.Fatalf("pending job after reopen: %v %v", p2.Outcome, err)
 	}
 }
@@ -94,7 +94,7 @@ func TestReplaysKeptInProcess(t *testing.T) {
 	defer l.Close()
 	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
 		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute}}
-	r, err := l.Reserve(ctx, p)
+	r, err := l.Reserve(ctx, p.WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestReplaysKeptInProcess(t *testing.T) {
 		t.Fatal(c.Won, err)
 	}
 	for i := range 3 {
-		got, err := l.Reserve(ctx, p)
+		got, err := l.Reserve(ctx, p.WithNewIDs())
 		if err != nil || got.Outcome != ledger.Done || got.Job.ID != r.Job.ID || string(got.Job.Response.Body) != "once" {
 			t.Fatalf("replay %d: %v %+v %v", i, got.Outcome, got.Job, err)
 		}
@@ -112,11 +112,11 @@ func TestReplaysKeptInProcess(t *testing.T) {
 	}
 	other := p
 	other.Fingerprint = []byte("another request")
-	if got, err := l.Reserve(ctx, other); err != nil || got.Outcome != ledger.Mismatch || got.Job.ID != r.Job.ID {
+	if got, err := l.Reserve(ctx, other.WithNewIDs()); err != nil || got.Outcome != ledger.Mismatch || got.Job.ID != r.Job.ID {
 		t.Fatalf("another request: %v %v", got.Outcome, err)
 	}
 	now = now.Add(time.Hour) // the job's retention has passed
-	got, err := l.Reserve(ctx, p)
+	got, err := l.Reserve(ctx, p.WithNewIDs())
 	if err != nil || got.Outcome != ledger.Created || got.Job.ID == r.Job.ID {
 		t.Fatalf("after expiry: %v %v, want a new job", got.Outcome, err)
 	}

@@ -27,8 +27,15 @@ type Harness struct {
 	Peer func(t *testing.T, l ledger.Ledger) ledger.Ledger
 }
 
-// Run runs the whole suite.
+// Run runs the whole suite three times: as it is, with every transition
+// applied twice one after the other, and twice at once.
 func Run(t *testing.T, h Harness) {
+	t.Run("Once", func(t *testing.T) { run(t, h) })
+	t.Run("Twice", func(t *testing.T) { run(t, repeating(h, false)) })
+	t.Run("TwiceAtOnce", func(t *testing.T) { run(t, repeating(h, true)) })
+}
+
+func run(t *testing.T, h Harness) {
 	tests := []struct {
 		name string
 		fn   func(t *testing.T, h Harness)
@@ -58,6 +65,12 @@ func Run(t *testing.T, h Harness) {
 		{"ListNewestFirst", testList},
 		{"Sweep", testSweep},
 		{"NotFound", testNotFound},
+		{"RepeatsByID", testRepeatsByID},
+		{"UnsentAttemptFails", testUnsent},
+		{"UnsentAfterLease", testUnsentAfterLease},
+		{"UnsentRefusedOnceTouched", testUnsentTouched},
+		{"UnbeatenLostBlocks", testUnbeatenLostBlocks},
+		{"CancelledLateResultNeverBlocks", testCancelledNeverBlocks},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
@@ -85,9 +98,14 @@ func params(lease time.Duration) ledger.ReserveParams {
 		Fingerprint:        randBytes(32),
 		FingerprintVersion: 1,
 		Retention:          time.Hour,
-		Attempt:            ledger.NextAttempt{Provider: "primary", Lease: lease},
+		Attempt:            next("primary", lease),
 	}
 }
+
+var (
+	next  = ledger.NewAttempt
+	fresh = ledger.ReserveParams.WithNewIDs
+)
 
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -97,7 +115,7 @@ func ctx(t *testing.T) context.Context {
 
 func reserve(t *testing.T, l ledger.Ledger, p ledger.ReserveParams, want ledger.Outcome) ledger.Reservation {
 	t.Helper()
-	r, err := l.Reserve(ctx(t), p)
+	r, err := l.Reserve(ctx(t), fresh(p))
 	if err != nil {
 		t.Fatalf("Reserve: %v", err)
 	}
@@ -247,7 +265,7 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 			if i%2 == 1 {
 				lg = peer
 			}
-			r, err := lg.Reserve(context.Background(), p)
+			r, err := lg.Reserve(context.Background(), fresh(p))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -346,7 +364,7 @@ func testBlockedWhileUnknown(t *testing.T, h Harness) {
 		t.Errorf("attempt error = %q, want the reason given", a.Error)
 	}
 	// A definitive failure of another path must not start one either.
-	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "late", &ledger.NextAttempt{Provider: "x", Lease: long}); err == nil {
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "late", ptr(next("x", long))); err == nil {
 		t.Errorf("Fail with next on an unknown attempt succeeded")
 	}
 	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
@@ -355,14 +373,14 @@ func testBlockedWhileUnknown(t *testing.T, h Harness) {
 func testFailoverBlockedByHedge(t *testing.T, h Harness) {
 	l := h.New(t)
 	r := reserve(t, l, params(long), ledger.Created)
-	hedge, err := l.Hedge(ctx(t), r.Attempt.Ref(), ledger.NextAttempt{Provider: "fallback", Lease: long})
+	hedge, err := l.Hedge(ctx(t), r.Attempt.Ref(), next("fallback", long))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if hedge.Number != 2 || hedge.JobVersion != r.Attempt.JobVersion {
 		t.Errorf("hedge attempt = %+v; want number 2 at the same version", hedge)
 	}
-	_, err = l.Fail(ctx(t), r.Attempt.Ref(), "503", &ledger.NextAttempt{Provider: "third", Lease: long})
+	_, err = l.Fail(ctx(t), r.Attempt.Ref(), "503", ptr(next("third", long)))
 	if !errors.Is(err, ledger.ErrBlocked) {
 		t.Fatalf("failover while a hedge runs: err = %v, want ErrBlocked", err)
 	}
@@ -378,7 +396,7 @@ func testHedgeReverseOrder(t *testing.T, h Harness) {
 	l := h.New(t)
 	p := params(long)
 	r := reserve(t, l, p, ledger.Created)
-	hedge, err := l.Hedge(ctx(t), r.Attempt.Ref(), ledger.NextAttempt{Provider: "fallback", Lease: long})
+	hedge, err := l.Hedge(ctx(t), r.Attempt.Ref(), next("fallback", long))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +417,7 @@ func testHedgeReverseOrder(t *testing.T, h Harness) {
 		t.Errorf("replay shows %q, a lost attempt's result", rr.Job.Response.Body)
 	}
 	// A hedge of a settled job is refused.
-	if _, err := l.Hedge(ctx(t), r.Attempt.Ref(), ledger.NextAttempt{Provider: "x", Lease: long}); err == nil {
+	if _, err := l.Hedge(ctx(t), r.Attempt.Ref(), next("x", long)); err == nil {
 		t.Errorf("Hedge of a completed job succeeded")
 	}
 }
@@ -450,7 +468,9 @@ func testResultAfterCancel(t *testing.T, h Harness) {
 	if c.Job.Response != nil {
 		t.Errorf("loser sees response %+v after a cancel", c.Job.Response)
 	}
-	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptLost)
+	// The operator's decision stands: the late result is dropped and the
+	// attempt stays cancelled, so it never blocks the job again.
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptCancelled)
 	// The retry re-opens the job with attempt 2 and a new version; attempt
 	// 1 still cannot win.
 	re := reserve(t, l, p, ledger.Reopened)
@@ -510,7 +530,7 @@ func testConcurrentReopen(t *testing.T, h Harness) {
 			if i%2 == 1 {
 				lg = peer
 			}
-			rr, err := lg.Reserve(context.Background(), p)
+			rr, err := lg.Reserve(context.Background(), fresh(p))
 			outcomes[i], errs[i] = rr.Outcome, err
 		}()
 	}
@@ -539,7 +559,7 @@ func testFailover(t *testing.T, h Harness) {
 	l := h.New(t)
 	p := params(long)
 	r := reserve(t, l, p, ledger.Created)
-	next, err := l.Fail(ctx(t), r.Attempt.Ref(), "connect_error", &ledger.NextAttempt{Provider: "fallback", Lease: long})
+	next, err := l.Fail(ctx(t), r.Attempt.Ref(), "connect_error", ptr(next("fallback", long)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -559,9 +579,12 @@ func testFailover(t *testing.T, h Harness) {
 	if j.Version != r.Job.Version {
 		t.Errorf("failing changed version %d -> %d", r.Job.Version, j.Version)
 	}
-	// Failing twice is refused.
-	if _, err := l.Fail(ctx(t), next.Ref(), "again", nil); !errors.Is(err, ledger.ErrStale) {
-		t.Errorf("second Fail: err = %v, want ErrStale", err)
+	// Failing again is a repeat: it changes nothing.
+	if a, err := l.Fail(ctx(t), next.Ref(), "again", nil); err != nil || a != nil {
+		t.Errorf("repeated Fail = %+v, %v; want nothing", a, err)
+	}
+	if a := attempt(t, job(t, l, r.Job.ID), 2); a.Error != "503" || a.State != ledger.AttemptFailed {
+		t.Errorf("attempt 2 after a repeated Fail = %+v", a)
 	}
 	re := reserve(t, l, p, ledger.Reopened)
 	if re.Attempt.Number != 3 || re.Job.ID != r.Job.ID || re.Job.Version != r.Job.Version+1 {
@@ -654,7 +677,7 @@ func testLateFailure(t *testing.T, h Harness) {
 	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "timeout"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", &ledger.NextAttempt{Provider: "b", Lease: long}); err == nil {
+	if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", ptr(next("b", long))); err == nil {
 		t.Fatal("an unknown attempt failed over")
 	}
 	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
@@ -671,22 +694,22 @@ func testExpiredJob(t *testing.T, h Harness) {
 	p.Retention = short
 	r := reserve(t, l, p, ledger.Created)
 	complete(t, l, r.Attempt, "old", true)
-	var fresh ledger.Reservation
+	var renewed ledger.Reservation
 	eventually(t, "the job expires", func() bool {
 		var err error
-		fresh, err = l.Reserve(ctx(t), p)
+		renewed, err = l.Reserve(ctx(t), fresh(p))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return fresh.Outcome != ledger.Done
+		return renewed.Outcome != ledger.Done
 	})
-	if fresh.Outcome != ledger.Created || fresh.Job.ID == r.Job.ID || fresh.Attempt.Number != 1 {
-		t.Fatalf("after expiry: %v job %s attempt %+v; want a new job", fresh.Outcome, fresh.Job.ID, fresh.Attempt)
+	if renewed.Outcome != ledger.Created || renewed.Job.ID == r.Job.ID || renewed.Attempt.Number != 1 {
+		t.Fatalf("after expiry: %v job %s attempt %+v; want a new job", renewed.Outcome, renewed.Job.ID, renewed.Attempt)
 	}
 	if _, err := l.Job(ctx(t), r.Job.ID); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("old job: err = %v, want ErrNotFound", err)
 	}
-	j := job(t, l, fresh.Job.ID)
+	j := job(t, l, renewed.Job.ID)
 	wantState(t, j, ledger.JobPending, ledger.AttemptStarting)
 	if j.Response != nil {
 		t.Errorf("new job carries the old answer")
@@ -695,7 +718,7 @@ func testExpiredJob(t *testing.T, h Harness) {
 	if c, err := l.Complete(ctx(t), r.Attempt.Ref(), response("ghost")); err == nil && c.Won {
 		t.Errorf("old attempt won on the replacing job")
 	}
-	complete(t, l, fresh.Attempt, "new", true)
+	complete(t, l, renewed.Attempt, "new", true)
 	// An expired failed job is replaced too, and a different fingerprint
 	// is then no mismatch.
 	q := params(long)
@@ -706,7 +729,7 @@ func testExpiredJob(t *testing.T, h Harness) {
 	}
 	q.Fingerprint = randBytes(32)
 	eventually(t, "the failed job expires", func() bool {
-		rr, err := l.Reserve(ctx(t), q)
+		rr, err := l.Reserve(ctx(t), fresh(q))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -804,7 +827,7 @@ func testResolveComplete(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	resp := response("operator's answer")
-	j, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Response: &resp})
+	j, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Response: &resp, AttemptID: ledger.NewID()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -822,7 +845,7 @@ func testResolveComplete(t *testing.T, h Harness) {
 	if _, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Cancel: true}); !errors.Is(err, ledger.ErrCompleted) {
 		t.Errorf("cancel of a completed job: err = %v, want ErrCompleted", err)
 	}
-	if _, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Response: &resp}); !errors.Is(err, ledger.ErrCompleted) {
+	if _, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Response: &resp, AttemptID: ledger.NewID()}); !errors.Is(err, ledger.ErrCompleted) {
 		t.Errorf("complete of a completed job: err = %v, want ErrCompleted", err)
 	}
 	complete(t, l, r.Attempt, "late", false)
@@ -863,7 +886,7 @@ func testSaveBody(t *testing.T, h Harness) {
 	// Only the winner may save a body.
 	hq := params(long)
 	rh := reserve(t, l, hq, ledger.Created)
-	hedge, err := l.Hedge(ctx(t), rh.Attempt.Ref(), ledger.NextAttempt{Provider: "b", Lease: long})
+	hedge, err := l.Hedge(ctx(t), rh.Attempt.Ref(), next("b", long))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -983,4 +1006,190 @@ func testNotFound(t *testing.T, h Harness) {
 	if _, err := l.Job(ctx(t), "not-a-uuid"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("Job(not-a-uuid): %v", err)
 	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// testRepeatsByID repeats each call with the ids of the first, as a
+// gateway does when a reply is lost, and checks that each answers as the
+// first did: reservations, failover, hedges, completions, resolutions.
+func testRepeatsByID(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := fresh(params(long))
+	r1, err := l.Reserve(ctx(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := l.Reserve(ctx(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Outcome != ledger.Created || r2.Job.ID != p.JobID || r2.Attempt.ID != p.Attempt.ID || r2.Attempt.Number != 1 {
+		t.Fatalf("repeated reserve = %v job %s attempt %+v; want created again with the same ids", r2.Outcome, r2.Job.ID, r2.Attempt)
+	}
+	if !r2.Attempt.Deadline.Equal(r1.Attempt.Deadline) {
+		t.Errorf("repeated reserve moved the deadline: %v -> %v", r1.Attempt.Deadline, r2.Attempt.Deadline)
+	}
+	fo := next("fallback", long)
+	n1, err := l.Fail(ctx(t), r1.Attempt.Ref(), "503", &fo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, err := l.Fail(ctx(t), r1.Attempt.Ref(), "503", &fo)
+	if err != nil || n2 == nil || n2.ID != fo.ID || n2.Number != n1.Number {
+		t.Fatalf("repeated failover = %+v, %v; want attempt %s again", n2, err, fo.ID)
+	}
+	hn := next("third", long)
+	h1, err := l.Hedge(ctx(t), n1.Ref(), hn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2, err := l.Hedge(ctx(t), n1.Ref(), hn); err != nil || h2.ID != h1.ID || h2.Number != 3 {
+		t.Fatalf("repeated hedge = %+v, %v", h2, err)
+	}
+	c1 := complete(t, l, n1, "won", true)
+	c2 := complete(t, l, n1, "won", true)
+	if c2.Job.CompletedBy != n1.ID || c2.Job.Version != c1.Job.Version {
+		t.Errorf("repeated completion by the winner: %+v", c2.Job)
+	}
+	complete(t, l, &h1, "lost", false)
+	complete(t, l, &h1, "lost", false)
+	j := job(t, l, p.JobID)
+	wantState(t, j, ledger.JobCompleted, ledger.AttemptFailed, ledger.AttemptSucceeded, ledger.AttemptLost)
+	if j.Version != c1.Job.Version || string(j.Response.Body) != "won" {
+		t.Errorf("after repeats: version %d body %q", j.Version, j.Response.Body)
+	}
+	// A re-open repeated starts one attempt.
+	q := fresh(params(long))
+	rq := reserve(t, l, q, ledger.Created)
+	if _, err := l.Fail(ctx(t), rq.Attempt.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	q = fresh(q)
+	o1, err := l.Reserve(ctx(t), q)
+	if err != nil || o1.Outcome != ledger.Reopened {
+		t.Fatalf("re-open = %v, %v", o1.Outcome, err)
+	}
+	o2, err := l.Reserve(ctx(t), q)
+	if err != nil || o2.Outcome != ledger.Reopened || o2.Attempt.ID != q.Attempt.ID || o2.Job.Version != o1.Job.Version {
+		t.Fatalf("repeated re-open = %v attempt %+v version %d, %v", o2.Outcome, o2.Attempt, o2.Job.Version, err)
+	}
+	wantState(t, job(t, l, rq.Job.ID), ledger.JobPending, ledger.AttemptFailed, ledger.AttemptStarting)
+	// An operator's completion repeated with its attempt id.
+	resp := response("by hand")
+	res := ledger.Resolution{Response: &resp, AttemptID: ledger.NewID()}
+	if _, err := l.Resolve(ctx(t), rq.Job.ID, res); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := l.Resolve(ctx(t), rq.Job.ID, res)
+	if err != nil || j2.CompletedBy != res.AttemptID {
+		t.Fatalf("repeated resolve = %+v, %v", j2, err)
+	}
+	if n := len(job(t, l, rq.Job.ID).Attempts); n != 3 {
+		t.Errorf("repeated resolve left %d attempts, want 3", n)
+	}
+}
+
+// testUnsent: an attempt the gateway never sent is failed, not unknown,
+// and a retry may run the request.
+func testUnsent(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if err := l.Unsent(ctx(t), r.Attempt.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobFailed, ledger.AttemptFailed)
+	if a := attempt(t, j, 1); a.Error != ledger.ReasonUnsent {
+		t.Errorf("unsent attempt's error = %q", a.Error)
+	}
+	if err := l.Unsent(ctx(t), r.Attempt.Ref()); err != nil {
+		t.Errorf("repeated Unsent: %v", err)
+	}
+	reserve(t, l, p, ledger.Reopened)
+	// Beside a running hedge the job stays pending.
+	q := params(long)
+	rq := reserve(t, l, q, ledger.Created)
+	hedge, err := l.Hedge(ctx(t), rq.Attempt.Ref(), next("fallback", long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unsent(ctx(t), hedge.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, job(t, l, rq.Job.ID), ledger.JobPending, ledger.AttemptStarting, ledger.AttemptFailed)
+}
+
+// testUnsentAfterLease: the proof that an attempt was never sent settles
+// it even after its lease made it unknown.
+func testUnsentAfterLease(t *testing.T, h Harness) {
+	l := h.New(t)
+	r := reserve(t, l, params(short), ledger.Created)
+	eventually(t, "the lease runs out", func() bool { return job(t, l, r.Job.ID).State == ledger.JobUnknown })
+	if err := l.Unsent(ctx(t), r.Attempt.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptFailed)
+}
+
+// testUnsentTouched: once something else touched the job, an unknown
+// attempt stays unknown.
+func testUnsentTouched(t *testing.T, h Harness) {
+	l := h.New(t)
+	r := reserve(t, l, params(long), ledger.Created)
+	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "attempt_timeout"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unsent(ctx(t), r.Attempt.Ref()); !errors.Is(err, ledger.ErrStale) {
+		t.Errorf("Unsent of an attempt that timed out: err = %v, want ErrStale", err)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
+	// A completed job is never touched.
+	q := reserve(t, l, params(long), ledger.Created)
+	complete(t, l, q.Attempt, "done", true)
+	if err := l.Unsent(ctx(t), q.Attempt.Ref()); !errors.Is(err, ledger.ErrStale) {
+		t.Errorf("Unsent of the winner: err = %v, want ErrStale", err)
+	}
+}
+
+// testUnbeatenLostBlocks: a hedged attempt whose result came after its
+// deadline acted; when the other attempt then fails definitively, the job
+// is unknown, never failed, and no retry runs it again.
+func testUnbeatenLostBlocks(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(short)
+	r := reserve(t, l, p, ledger.Created)
+	hedge, err := l.Hedge(ctx(t), r.Attempt.Ref(), next("fallback", long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "attempt 1's deadline passes", func() bool {
+		return attempt(t, job(t, l, r.Job.ID), 1).State == ledger.AttemptUnknown
+	})
+	complete(t, l, r.Attempt, "too late", false)
+	if _, err := l.Fail(ctx(t), hedge.Ref(), "503", ptr(next("third", long))); !errors.Is(err, ledger.ErrBlocked) {
+		t.Errorf("failover past an unbeaten lost attempt: err = %v, want ErrBlocked", err)
+	}
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobUnknown, ledger.AttemptLost, ledger.AttemptFailed)
+	reserve(t, l, p, ledger.Unknown)
+}
+
+// testCancelledNeverBlocks: after an operator's cancel, the cancelled
+// attempt's late result does not block the retry's attempts.
+func testCancelledNeverBlocks(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := params(long)
+	r := reserve(t, l, p, ledger.Created)
+	if _, err := l.Resolve(ctx(t), r.Job.ID, ledger.Resolution{Cancel: true}); err != nil {
+		t.Fatal(err)
+	}
+	complete(t, l, r.Attempt, "late", false)
+	re := reserve(t, l, p, ledger.Reopened)
+	if _, err := l.Fail(ctx(t), re.Attempt.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptCancelled, ledger.AttemptFailed)
+	reserve(t, l, p, ledger.Reopened)
 }

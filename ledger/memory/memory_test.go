@@ -47,7 +47,7 @@ func TestInjectedClock(t *testing.T) {
 		OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
 		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
 	}
-	r, err := l.Reserve(ctx, p)
+	r, err := l.Reserve(ctx, p.WithNewIDs())
 	if err != nil || r.Outcome != ledger.Created {
 		t.Fatal(r.Outcome, err)
 	}
@@ -55,11 +55,11 @@ func TestInjectedClock(t *testing.T) {
 		t.Errorf("deadline %v, want the clock plus the lease", r.Attempt.Deadline)
 	}
 	c.advance(59 * time.Second)
-	if r, _ := l.Reserve(ctx, p); r.Outcome != ledger.InFlight {
+	if r, _ := l.Reserve(ctx, p.WithNewIDs()); r.Outcome != ledger.InFlight {
 		t.Errorf("before the deadline: %v, want in_flight", r.Outcome)
 	}
 	c.advance(time.Second)
-	if r, _ := l.Reserve(ctx, p); r.Outcome != ledger.Unknown {
+	if r, _ := l.Reserve(ctx, p.WithNewIDs()); r.Outcome != ledger.Unknown {
 		t.Errorf("at the deadline: %v, want unknown", r.Outcome)
 	}
 	if c, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200}); err != nil || c.Won {
@@ -68,19 +68,19 @@ func TestInjectedClock(t *testing.T) {
 
 	q := p
 	q.KeyHash = []byte("k2")
-	r, _ = l.Reserve(ctx, q)
+	r, _ = l.Reserve(ctx, q.WithNewIDs())
 	if c, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Stored: true}); err != nil || !c.Won {
 		t.Fatal(c.Won, err)
 	}
 	c.advance(time.Hour - time.Nanosecond)
-	if r2, _ := l.Reserve(ctx, q); r2.Outcome != ledger.Done || r2.Job.ID != r.Job.ID {
+	if r2, _ := l.Reserve(ctx, q.WithNewIDs()); r2.Outcome != ledger.Done || r2.Job.ID != r.Job.ID {
 		t.Errorf("within retention: %v", r2.Outcome)
 	}
 	c.advance(time.Nanosecond)
 	if _, err := l.Job(ctx, r.Job.ID); err != ledger.ErrNotFound {
 		t.Errorf("expired job still readable: %v", err)
 	}
-	if r2, _ := l.Reserve(ctx, q); r2.Outcome != ledger.Created || r2.Job.ID == r.Job.ID {
+	if r2, _ := l.Reserve(ctx, q.WithNewIDs()); r2.Outcome != ledger.Created || r2.Job.ID == r.Job.ID {
 		t.Errorf("after retention: %v %s", r2.Outcome, r2.Job.ID)
 	}
 }

@@ -1,0 +1,161 @@
+package ledgertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// repeated is a Ledger that applies every transition twice, as a gateway
+// does when a reply is lost: one call after the other, or both at once. It
+// fails the test when the two disagree, and returns the first's answer, so
+// the whole suite holds every backend to idempotent transitions.
+type repeated struct {
+	ledger.Ledger
+	t          *testing.T
+	concurrent bool
+}
+
+// twice runs call twice and checks that both answers say the same.
+func twice[T any](r *repeated, op string, call func() (T, error), same func(a, b T) string) (T, error) {
+	var (
+		v1, v2 T
+		e1, e2 error
+	)
+	if r.concurrent {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v2, e2 = call()
+		}()
+		v1, e1 = call()
+		wg.Wait()
+	} else {
+		v1, e1 = call()
+		v2, e2 = call()
+	}
+	if k1, k2 := errKind(e1), errKind(e2); k1 != k2 {
+		r.t.Errorf("%s applied twice: errors %v and %v", op, e1, e2)
+	} else if e1 == nil {
+		if diff := same(v1, v2); diff != "" {
+			r.t.Errorf("%s applied twice answered differently: %s", op, diff)
+		}
+	}
+	return v1, e1
+}
+
+// errKind names an error by the sentinel it wraps: repeats must agree on it.
+func errKind(err error) string {
+	for _, s := range []error{ledger.ErrNotFound, ledger.ErrStale, ledger.ErrBlocked, ledger.ErrCompleted} {
+		if errors.Is(err, s) {
+			return s.Error()
+		}
+	}
+	if err != nil {
+		return "other"
+	}
+	return ""
+}
+
+func attemptSummary(a *ledger.Attempt) string {
+	if a == nil {
+		return "none"
+	}
+	return fmt.Sprintf("attempt %s #%d on %s, %s, version %d, deadline %s",
+		a.ID, a.Number, a.Provider, a.State, a.JobVersion, a.Deadline.UTC().Format("15:04:05.000000"))
+}
+
+func jobSummary(j *ledger.Job) string {
+	if j == nil {
+		return "no job"
+	}
+	return fmt.Sprintf("job %s %s version %d completed by %q", j.ID, j.State, j.Version, j.CompletedBy)
+}
+
+func diff(what, a, b string) string {
+	if a == b {
+		return ""
+	}
+	return what + ": " + a + " / " + b
+}
+
+func (r *repeated) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	return twice(r, "Reserve", func() (ledger.Reservation, error) { return r.Ledger.Reserve(ctx, p) },
+		func(a, b ledger.Reservation) string {
+			if a.Outcome != b.Outcome {
+				return fmt.Sprintf("outcome %v / %v", a.Outcome, b.Outcome)
+			}
+			if d := diff("job", a.Job.ID, b.Job.ID); d != "" {
+				return d
+			}
+			if a.Outcome != ledger.Created && a.Outcome != ledger.Reopened {
+				return "" // a read: the blocking attempt may have moved on
+			}
+			return diff("attempt", attemptSummary(a.Attempt), attemptSummary(b.Attempt))
+		})
+}
+
+func (r *repeated) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return twice(r, "Hedge", func() (ledger.Attempt, error) { return r.Ledger.Hedge(ctx, ref, next) },
+		func(a, b ledger.Attempt) string { return diff("attempt", attemptSummary(&a), attemptSummary(&b)) })
+}
+
+func (r *repeated) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
+	return twice(r, "Complete", func() (ledger.Completion, error) { return r.Ledger.Complete(ctx, ref, resp) },
+		func(a, b ledger.Completion) string {
+			if a.Won != b.Won {
+				return fmt.Sprintf("won %v / %v", a.Won, b.Won)
+			}
+			return diff("job", jobSummary(a.Job), jobSummary(b.Job))
+		})
+}
+
+func (r *repeated) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	_, err := twice(r, "SaveBody", func() (struct{}, error) {
+		return struct{}{}, r.Ledger.SaveBody(ctx, ref, body, size, stored)
+	}, func(struct{}, struct{}) string { return "" })
+	return err
+}
+
+func (r *repeated) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	return twice(r, "Fail", func() (*ledger.Attempt, error) { return r.Ledger.Fail(ctx, ref, reason, next) },
+		func(a, b *ledger.Attempt) string { return diff("next attempt", attemptSummary(a), attemptSummary(b)) })
+}
+
+func (r *repeated) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
+	_, err := twice(r, "Unsent", func() (struct{}, error) { return struct{}{}, r.Ledger.Unsent(ctx, ref) },
+		func(struct{}, struct{}) string { return "" })
+	return err
+}
+
+func (r *repeated) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason string) error {
+	_, err := twice(r, "MarkUnknown", func() (struct{}, error) { return struct{}{}, r.Ledger.MarkUnknown(ctx, ref, reason) },
+		func(struct{}, struct{}) string { return "" })
+	return err
+}
+
+func (r *repeated) Resolve(ctx context.Context, jobID string, res ledger.Resolution) (*ledger.Job, error) {
+	return twice(r, "Resolve", func() (*ledger.Job, error) { return r.Ledger.Resolve(ctx, jobID, res) },
+		func(a, b *ledger.Job) string { return diff("job", jobSummary(a), jobSummary(b)) })
+}
+
+// repeating returns h with every ledger it opens wrapped in repeated.
+func repeating(h Harness, concurrent bool) Harness {
+	wrap := func(t *testing.T, l ledger.Ledger) ledger.Ledger {
+		return &repeated{Ledger: l, t: t, concurrent: concurrent}
+	}
+	return Harness{
+		New: func(t *testing.T) ledger.Ledger { return wrap(t, h.New(t)) },
+		Peer: func(t *testing.T, l ledger.Ledger) ledger.Ledger {
+			if r, ok := l.(*repeated); ok {
+				l = r.Ledger
+			}
+			return wrap(t, h.Peer(t, l))
+		},
+	}
+}
