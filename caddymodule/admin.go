@@ -241,6 +241,9 @@ func (a *adminAPI) resolveJob(w http.ResponseWriter, r *http.Request, rawID stri
 		jobNotFound(w, rawID)
 		return
 	}
+	// The operator's answer completes the job with an attempt whose id is
+	// chosen here, so that a repeat of the call is recognized.
+	res.AttemptID = ledger.NewID()
 	ls, release := a.openLedgers()
 	defer release()
 	var failed error

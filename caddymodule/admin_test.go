@@ -151,7 +151,7 @@ func params(key, provider string) ledger.ReserveParams {
 
 func reserve(t *testing.T, l ledger.Ledger, key, provider string) ledger.Reservation {
 	t.Helper()
-	r, err := l.Reserve(context.Background(), params(key, provider))
+	r, err := l.Reserve(context.Background(), params(key, provider).WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -605,7 +605,7 @@ func TestAdminResolveCancel(t *testing.T) {
 	}
 
 	// A retry may start a new attempt under the same job.
-	rr, err := mem.Reserve(ctx, params("cancel", "primary"))
+	rr, err := mem.Reserve(ctx, params("cancel", "primary").WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -654,7 +654,7 @@ func TestAdminResolveComplete(t *testing.T) {
 	}
 
 	// A retry replays the operator's answer.
-	rr, err := mem.Reserve(ctx, params("complete", "primary"))
+	rr, err := mem.Reserve(ctx, params("complete", "primary").WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ type metrics struct {
 	racesLost prometheus.Counter
 	inFlight  prometheus.Gauge
 	ledgerOps *prometheus.HistogramVec
+	repeats   *prometheus.CounterVec
 	probeOK   *prometheus.GaugeVec
 
 	// The children of the labels known in advance, looked up once: a
@@ -29,7 +30,7 @@ type metrics struct {
 
 var (
 	requestOutcomes = []string{"new", "replayed", "waited", "conflict", "mismatch", "unknown", "rejected"}
-	ledgerOpNames   = []string{"reserve", "complete", "fail", "mark_unknown", "hedge", "save_body"}
+	ledgerOpNames   = []string{"reserve", "complete", "fail", "mark_unknown", "hedge", "save_body", "unsent"}
 )
 
 const (
@@ -87,6 +88,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name:      "ledger_seconds",
 		Help:      "Duration of ledger operations, by operation.",
 		Buckets:   ledgerBuckets,
+	}, []string{"operation"})); err != nil {
+		return nil, err
+	}
+	if m.repeats, err = registerOrExisting(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "ledger_repeats_total",
+		Help:      "Ledger operations sent again because their reply did not come, by operation.",
 	}, []string{"operation"})); err != nil {
 		return nil, err
 	}
@@ -164,6 +173,9 @@ func (m *metrics) LedgerOp(op string, d time.Duration) {
 	}
 	m.ledgerOps.WithLabelValues(op).Observe(d.Seconds())
 }
+
+// LedgerRepeat implements proxy.Observer.
+func (m *metrics) LedgerRepeat(op string) { m.repeats.WithLabelValues(op).Inc() }
 
 // Interface guards
 var _ proxy.Observer = (*metrics)(nil)

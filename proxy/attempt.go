@@ -239,7 +239,8 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 				nextIdx := 0
 				if pending == 0 && !decided && !timedOut {
 					if i, ok := pol.Failover(latest, res.reason); ok {
-						next = &ledger.NextAttempt{Provider: pol.Providers[i], Lease: m.cfg.AttemptDeadline}
+						na := ledger.NewAttempt(pol.Providers[i], m.cfg.AttemptDeadline)
+						next = &na
 						nextIdx = i
 					}
 				}
@@ -304,11 +305,7 @@ func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 	if skip || !ok {
 		return 0, ledger.Attempt{}, false
 	}
-	ctx, cancel := m.ledgerCtx()
-	defer cancel()
-	start := time.Now()
-	att, err := m.cfg.Ledger.Hedge(ctx, cur.Ref(), ledger.NextAttempt{Provider: m.policy.Providers[next], Lease: m.cfg.AttemptDeadline})
-	m.cfg.Observer.LedgerOp("hedge", time.Since(start))
+	att, err := m.hedge(cur.Ref(), ledger.NewAttempt(m.policy.Providers[next], m.cfg.AttemptDeadline))
 	if err != nil {
 		if !errors.Is(err, ledger.ErrStale) {
 			m.cfg.Logger.Error("hedge not started", zap.String("job_id", cur.JobID), zap.Error(err))

@@ -87,8 +87,12 @@ type Observer interface {
 	RaceLost()
 	// InFlight adds delta to the number of attempts running.
 	InFlight(delta int)
-	// LedgerOp records how long a ledger operation took.
+	// LedgerOp records how long a ledger operation took, its repeats
+	// included.
 	LedgerOp(op string, d time.Duration)
+	// LedgerRepeat records that a ledger operation was sent again because
+	// its reply did not come.
+	LedgerRepeat(op string)
 }
 
 type nopObserver struct{}
@@ -98,6 +102,7 @@ func (nopObserver) Attempt(string, string)         {}
 func (nopObserver) RaceLost()                      {}
 func (nopObserver) InFlight(int)                   {}
 func (nopObserver) LedgerOp(string, time.Duration) {}
+func (nopObserver) LedgerRepeat(string)            {}
 
 // Config configures a Middleware. Zero values take the SPEC's defaults.
 type Config struct {

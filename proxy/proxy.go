@@ -16,16 +16,14 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// ledgerTimeout bounds each ledger call: a reservation, and the calls made
-// on behalf of an attempt, which is detached from the client's request.
-const ledgerTimeout = 15 * time.Second
-
 // Middleware is the idempotent request flow.
 type Middleware struct {
 	cfg    Config
 	policy fallback.Policy
 	fp     fingerprinter
 	hasher Hasher
+
+	unsentQ unsentQueue
 }
 
 // New returns a Middleware for cfg, with defaults filled in.
@@ -123,22 +121,31 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	fp := m.fp.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body)
 
 	params := ledger.ReserveParams{
+		JobID:              ledger.NewID(),
 		OwnerHash:          m.hasher.Owner(owner),
 		KeyHash:            m.hasher.Key(key),
 		Fingerprint:        fp,
 		FingerprintVersion: FingerprintVersion,
 		Retention:          m.cfg.Retention,
-		Attempt:            ledger.NextAttempt{Provider: m.cfg.Providers[0].Name, Lease: m.cfg.AttemptDeadline},
+		Attempt:            ledger.NewAttempt(m.cfg.Providers[0].Name, m.cfg.AttemptDeadline),
 	}
-	start := time.Now()
 	// A ledger that does not answer is a ledger that cannot reserve: the
 	// wait is bounded, like every ledger call of an attempt, and ends in a
 	// 503 rather than holding the client (and a goroutine) indefinitely.
 	rctx, cancel := context.WithTimeout(r.Context(), ledgerTimeout)
-	res, err := m.cfg.Ledger.Reserve(rctx, params)
+	res, err := ledgerCall(m, rctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) {
+		return m.cfg.Ledger.Reserve(ctx, params)
+	})
 	cancel()
-	m.cfg.Observer.LedgerOp("reserve", time.Since(start))
+	if err == nil && (res.Outcome == ledger.Created || res.Outcome == ledger.Reopened) && !sendable(res) {
+		// A repeat that came too late: the attempt's lease ran out before
+		// the gateway could send it.
+		err = errors.New("the reservation's lease ran out before its answer came")
+	}
 	if err != nil {
+		// The reservation may have been made: record that its attempt
+		// was never sent, as soon as the ledger answers.
+		m.unsent(unsentWork{reserve: &params})
 		if r.Context().Err() != nil {
 			return nil
 		}
@@ -173,6 +180,13 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		m.unknown(w, jobID, res.Attempt, res.Now)
 	}
 	return nil
+}
+
+// sendable reports whether a reservation's attempt may still be sent: it
+// is starting and its lease, by the ledger's clock, has not run out.
+func sendable(res ledger.Reservation) bool {
+	a := res.Attempt
+	return a != nil && a.State == ledger.AttemptStarting && res.Now.Before(a.Deadline)
 }
 
 func (m *Middleware) reject(w http.ResponseWriter, p *Problem) {
@@ -425,39 +439,54 @@ func (m *Middleware) unknown(w http.ResponseWriter, jobID string, a *ledger.Atte
 
 // Ledger calls made for an attempt, detached from the client.
 
-func (m *Middleware) ledgerCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), ledgerTimeout)
-}
-
 func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.Completion, error) {
-	ctx, cancel := m.ledgerCtx()
+	ctx, cancel := detachedCtx()
 	defer cancel()
-	start := time.Now()
-	c, err := m.cfg.Ledger.Complete(ctx, att.Ref(), resp)
-	m.cfg.Observer.LedgerOp("complete", time.Since(start))
-	return c, err
+	return ledgerCall(m, ctx, "complete", func(ctx context.Context) (ledger.Completion, error) {
+		return m.cfg.Ledger.Complete(ctx, att.Ref(), resp)
+	})
 }
 
+// fail records a definitive failure of att and starts next, if set. When
+// the ledger does not answer, next may exist there but is never sent: it
+// is recorded so once the ledger answers.
 func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
-	ctx, cancel := m.ledgerCtx()
+	ctx, cancel := detachedCtx()
 	defer cancel()
-	start := time.Now()
-	a, err := m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
-	m.cfg.Observer.LedgerOp("fail", time.Since(start))
+	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
+		return m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
+	})
 	if err != nil && !errors.Is(err, ledger.ErrBlocked) {
 		m.cfg.Logger.Error("failure not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
+		if next != nil && !answered(err) {
+			m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: att.JobID, AttemptID: next.ID}})
+		}
 		return nil, err
 	}
 	return a, nil
 }
 
-func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
-	ctx, cancel := m.ledgerCtx()
+// hedge starts next beside the attempt ref; like fail, a next attempt
+// whose start the ledger did not confirm is recorded never sent.
+func (m *Middleware) hedge(ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	ctx, cancel := detachedCtx()
 	defer cancel()
-	start := time.Now()
-	err := m.cfg.Ledger.MarkUnknown(ctx, att.Ref(), reason)
-	m.cfg.Observer.LedgerOp("mark_unknown", time.Since(start))
+	a, err := ledgerCall(m, ctx, "hedge", func(ctx context.Context) (ledger.Attempt, error) {
+		return m.cfg.Ledger.Hedge(ctx, ref, next)
+	})
+	if !answered(err) {
+		m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: ref.JobID, AttemptID: next.ID}})
+	}
+	return a, err
+}
+
+func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
+	ctx, cancel := detachedCtx()
+	defer cancel()
+	_, err := ledgerCall(m, ctx, "mark_unknown", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, m.cfg.Ledger.MarkUnknown(ctx, att.Ref(), reason)
+	})
 	switch {
 	case err == nil:
 		m.cfg.Logger.Warn("attempt outcome unknown", zap.String("job_id", att.JobID),
@@ -470,10 +499,10 @@ func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
 }
 
 func (m *Middleware) saveBody(att ledger.Attempt, body []byte, size int64, stored bool) error {
-	ctx, cancel := m.ledgerCtx()
+	ctx, cancel := detachedCtx()
 	defer cancel()
-	start := time.Now()
-	err := m.cfg.Ledger.SaveBody(ctx, att.Ref(), body, size, stored)
-	m.cfg.Observer.LedgerOp("save_body", time.Since(start))
+	_, err := ledgerCall(m, ctx, "save_body", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, m.cfg.Ledger.SaveBody(ctx, att.Ref(), body, size, stored)
+	})
 	return err
 }

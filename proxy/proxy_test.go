@@ -1504,10 +1504,11 @@ type countingObserver struct {
 	attempts map[string]int
 	inFlight int
 	ops      map[string]int
+	repeats  map[string]int
 }
 
 func newCountingObserver() *countingObserver {
-	return &countingObserver{requests: map[string]int{}, attempts: map[string]int{}, ops: map[string]int{}}
+	return &countingObserver{requests: map[string]int{}, attempts: map[string]int{}, ops: map[string]int{}, repeats: map[string]int{}}
 }
 
 func (o *countingObserver) Request(outcome string) {
@@ -1533,6 +1534,12 @@ func (o *countingObserver) InFlight(d int) {
 func (o *countingObserver) LedgerOp(op string, _ time.Duration) {
 	o.mu.Lock()
 	o.ops[op]++
+	o.mu.Unlock()
+}
+
+func (o *countingObserver) LedgerRepeat(op string) {
+	o.mu.Lock()
+	o.repeats[op]++
 	o.mu.Unlock()
 }
 

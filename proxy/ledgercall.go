@@ -1,0 +1,192 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// Ledger calls and their repeats (SPEC section 1, rule 3). Every transition
+// is idempotent by the ids the gateway chose, so a call whose reply did not
+// come — it may or may not have run — is sent again, a bounded number of
+// times within a bounded time. Nothing below the gateway repeats a call:
+// only the gateway knows the ids that make a repeat safe.
+const (
+	// ledgerTimeout bounds one ledger call with its repeats: a
+	// reservation, and each call made on behalf of an attempt, which is
+	// detached from the client's request.
+	ledgerTimeout = 15 * time.Second
+	// ledgerTries is how many times a call is sent at most.
+	ledgerTries = 4
+	// ledgerTryTimeout bounds one try: a reply that does not come within
+	// it counts as lost.
+	ledgerTryTimeout = 5 * time.Second
+	// ledgerPause is the pause before the first repeat; it doubles.
+	ledgerPause = 50 * time.Millisecond
+)
+
+// answered reports whether err is the ledger's answer rather than a reply
+// that did not come.
+func answered(err error) bool {
+	return err == nil || errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrStale) ||
+		errors.Is(err, ledger.ErrBlocked) || errors.Is(err, ledger.ErrCompleted)
+}
+
+// ledgerCall runs one ledger transition, repeating it while no answer
+// comes, and records its duration and its repeats.
+func ledgerCall[T any](m *Middleware, ctx context.Context, op string, call func(context.Context) (T, error)) (T, error) {
+	start := time.Now()
+	defer func() { m.cfg.Observer.LedgerOp(op, time.Since(start)) }()
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, ledgerTryTimeout)
+		v, err := call(tctx)
+		cancel()
+		if answered(err) || ctx.Err() != nil || try == ledgerTries {
+			return v, err
+		}
+		m.cfg.Observer.LedgerRepeat(op)
+		m.cfg.Logger.Warn("ledger call repeated: no reply", zap.String("operation", op),
+			zap.Int("try", try+1), zap.Error(err))
+		pause := time.NewTimer(ledgerPause << (try - 1))
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return v, err
+		}
+	}
+}
+
+// detachedCtx bounds a ledger call made for an attempt, detached from the
+// client.
+func detachedCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), ledgerTimeout)
+}
+
+// Never-sent attempts (SPEC section 1, rule 7): an attempt the gateway
+// reserved but never sent, because the ledger stopped answering before the
+// request could be forwarded, is recorded failed as soon as the ledger
+// answers again. Only this instance holds that proof.
+const (
+	// unsentMax bounds the attempts waiting to be recorded; beyond it the
+	// lease makes them unknown, as if this instance had died.
+	unsentMax = 10000
+	// unsentGiveUp is how long one is retried at most.
+	unsentGiveUp = time.Hour
+	// unsentPauseMax caps the pause between rounds.
+	unsentPauseMax = 5 * time.Second
+)
+
+// unsentWork is one never-sent attempt: a reservation whose answer did not
+// come (its repeat tells the job and whether the attempt exists), or an
+// attempt whose id is known.
+type unsentWork struct {
+	reserve *ledger.ReserveParams
+	ref     ledger.AttemptRef
+	since   time.Time
+}
+
+// unsentQueue records never-sent attempts in the background, on one
+// goroutine that runs while the queue holds work and keeps the ledger
+// alive across a reload meanwhile.
+type unsentQueue struct {
+	mu      sync.Mutex
+	work    []unsentWork
+	running bool
+}
+
+// unsent queues a never-sent attempt to be recorded failed.
+func (m *Middleware) unsent(w unsentWork) {
+	q := &m.unsentQ
+	w.since = time.Now()
+	q.mu.Lock()
+	if len(q.work) >= unsentMax {
+		q.mu.Unlock()
+		m.cfg.Logger.Error("never-sent attempt not recorded: too many waiting; its lease will make it unknown",
+			zap.String("job_id", w.ref.JobID), zap.String("attempt_id", w.ref.AttemptID))
+		return
+	}
+	q.work = append(q.work, w)
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start {
+		go m.recordUnsent(m.cfg.Hold())
+	}
+}
+
+// recordUnsent works through the queue until it is empty.
+func (m *Middleware) recordUnsent(release func()) {
+	defer release()
+	q := &m.unsentQ
+	pause := 100 * time.Millisecond
+	for {
+		q.mu.Lock()
+		work := q.work
+		q.work = nil
+		q.mu.Unlock()
+		var again []unsentWork
+		for _, w := range work {
+			if !m.recordOne(w) {
+				if time.Since(w.since) < unsentGiveUp {
+					again = append(again, w)
+					continue
+				}
+				m.cfg.Logger.Error("never-sent attempt not recorded: the ledger did not answer for an hour",
+					zap.String("job_id", w.ref.JobID), zap.String("attempt_id", w.ref.AttemptID))
+			}
+		}
+		q.mu.Lock()
+		q.work = append(again, q.work...)
+		if len(q.work) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		time.Sleep(pause)
+		pause = min(pause*2, unsentPauseMax)
+	}
+}
+
+// recordOne records one never-sent attempt; false means the ledger did not
+// answer, and it is tried again later.
+func (m *Middleware) recordOne(w unsentWork) bool {
+	ctx, cancel := detachedCtx()
+	defer cancel()
+	ref := w.ref
+	if p := w.reserve; p != nil {
+		// Repeating the reservation answers where it stands: the job and
+		// this attempt if it was made (or makes them now, never sent
+		// either way), or another request's job that this one never touched.
+		res, err := ledgerCall(m, ctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) {
+			return m.cfg.Ledger.Reserve(ctx, *p)
+		})
+		if err != nil {
+			return false
+		}
+		if res.Attempt == nil || res.Attempt.ID != p.Attempt.ID {
+			return true
+		}
+		ref = res.Attempt.Ref()
+	}
+	_, err := ledgerCall(m, ctx, "unsent", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, m.cfg.Ledger.Unsent(ctx, ref)
+	})
+	switch {
+	case err == nil:
+		m.cfg.Logger.Info("never-sent attempt recorded failed", zap.String("job_id", ref.JobID),
+			zap.String("attempt_id", ref.AttemptID))
+	case errors.Is(err, ledger.ErrStale):
+		m.cfg.Logger.Warn("never-sent attempt left as it is: the job changed meanwhile",
+			zap.String("job_id", ref.JobID), zap.String("attempt_id", ref.AttemptID))
+	case !answered(err):
+		return false
+	}
+	return true
+}
