@@ -39,6 +39,11 @@ func validID(id string) bool {
 	return err == nil
 }
 
+// errInvalidID reports an id the caller chose that cannot name a row.
+func errInvalidID(what, id string) error {
+	return fmt.Errorf("postgres ledger: invalid %s id %q: the caller chooses a UUID (ledger.NewID)", what, id)
+}
+
 // responseCols are the nullable response columns a function returns.
 type responseCols struct {
 	status pgtype.Int4
@@ -81,10 +86,17 @@ func stringOf(t pgtype.Text) string { return t.String }
 
 // Reserve implements ledger.Ledger. A replay of a completed job this
 // process read lately is answered from memory: the job cannot change before
-// it expires (see near.Margin).
+// it expires (see near.Margin). A repeat of the winner's own reservation is
+// not a replay: the ledger answers it, as the first call was answered.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	if !validID(p.JobID) {
+		return ledger.Reservation{}, errInvalidID("job", p.JobID)
+	}
+	if !validID(p.Attempt.ID) {
+		return ledger.Reservation{}, errInvalidID("attempt", p.Attempt.ID)
+	}
 	key, now := near.Key(p.OwnerHash, p.KeyHash), time.Now()
-	if j := l.replays.Get(key, now); j != nil {
+	if j := l.replays.Get(key, now); j != nil && j.CompletedBy != p.Attempt.ID {
 		return near.Answer(j, &p, now), nil
 	}
 	r, err := l.reserve(ctx, p)
@@ -113,7 +125,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	dest = append(dest, resp.dest()...)
 	dest = append(dest, &attemptID, &attemptNumber, &attemptProvider, &attemptState, &attemptVersion, &attemptStarted, &attemptDeadline)
 	err := l.pool.QueryRow(ctx, `SELECT * FROM reserve($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		ledger.NewID(), ledger.NewID(), p.OwnerHash, p.KeyHash, p.Fingerprint, p.FingerprintVersion,
+		p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, p.Fingerprint, p.FingerprintVersion,
 		p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention)).Scan(dest...)
 	if err != nil {
 		return ledger.Reservation{}, fmt.Errorf("postgres ledger: reserve: %w", err)
@@ -159,25 +171,51 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	return r, nil
 }
 
+// attemptCols are the columns of an attempt a function returns.
+type attemptCols struct {
+	number            pgtype.Int4
+	version           pgtype.Int8
+	provider, state   pgtype.Text
+	started, deadline pgtype.Timestamptz
+}
+
+func (c *attemptCols) dest() []any {
+	return []any{&c.number, &c.version, &c.provider, &c.state, &c.started, &c.deadline}
+}
+
+func (c *attemptCols) attempt(id, jobID string) *ledger.Attempt {
+	return &ledger.Attempt{
+		ID:         id,
+		JobID:      jobID,
+		Number:     int(c.number.Int32),
+		Provider:   c.provider.String,
+		State:      ledger.AttemptState(c.state.String),
+		JobVersion: c.version.Int64,
+		StartedAt:  timeOf(c.started),
+		Deadline:   timeOf(c.deadline),
+	}
+}
+
 // Hedge implements ledger.Ledger.
 func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	if !validID(next.ID) {
+		return ledger.Attempt{}, errInvalidID("attempt", next.ID)
+	}
 	if !validID(ref.JobID) {
 		return ledger.Attempt{}, ledger.ErrNotFound
 	}
-	a := ledger.Attempt{ID: ledger.NewID(), JobID: ref.JobID, Provider: next.Provider,
-		State: ledger.AttemptStarting, JobVersion: ref.Version}
-	var outcome string
-	var number pgtype.Int4
-	var started, deadline pgtype.Timestamptz
+	var (
+		outcome string
+		a       attemptCols
+	)
 	err := l.pool.QueryRow(ctx, `SELECT * FROM hedge($1, $2, $3, $4, $5)`,
-		ref.JobID, ref.Version, a.ID, next.Provider, micros(next.Lease)).Scan(&outcome, &number, &started, &deadline)
+		ref.JobID, ref.Version, next.ID, next.Provider, micros(next.Lease)).Scan(append([]any{&outcome}, a.dest()...)...)
 	if err != nil {
 		return ledger.Attempt{}, fmt.Errorf("postgres ledger: hedge: %w", err)
 	}
 	switch outcome {
 	case "ok":
-		a.Number, a.StartedAt, a.Deadline = int(number.Int32), timeOf(started), timeOf(deadline)
-		return a, nil
+		return *a.attempt(next.ID, ref.JobID), nil
 	case "not_found":
 		return ledger.Attempt{}, ledger.ErrNotFound
 	case "stale":
@@ -255,27 +293,26 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 
 // Fail implements ledger.Ledger.
 func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
-	if !validID(ref.JobID) || !validID(ref.AttemptID) {
-		return nil, ledger.ErrNotFound
-	}
 	var (
 		nextID       any
 		nextProvider string
 		nextLease    int64
 	)
-	var a *ledger.Attempt
 	if next != nil {
-		a = &ledger.Attempt{ID: ledger.NewID(), JobID: ref.JobID, Provider: next.Provider, State: ledger.AttemptStarting}
-		nextID, nextProvider, nextLease = a.ID, next.Provider, micros(next.Lease)
+		if !validID(next.ID) {
+			return nil, errInvalidID("attempt", next.ID)
+		}
+		nextID, nextProvider, nextLease = next.ID, next.Provider, micros(next.Lease)
+	}
+	if !validID(ref.JobID) || !validID(ref.AttemptID) {
+		return nil, ledger.ErrNotFound
 	}
 	var (
-		outcome           string
-		number            pgtype.Int4
-		version           pgtype.Int8
-		started, deadline pgtype.Timestamptz
+		outcome string
+		a       attemptCols
 	)
 	err := l.pool.QueryRow(ctx, `SELECT * FROM fail($1, $2, $3, $4, $5, $6)`,
-		ref.JobID, ref.AttemptID, reason, nextID, nextProvider, nextLease).Scan(&outcome, &number, &version, &started, &deadline)
+		ref.JobID, ref.AttemptID, reason, nextID, nextProvider, nextLease).Scan(append([]any{&outcome}, a.dest()...)...)
 	if err != nil {
 		return nil, fmt.Errorf("postgres ledger: fail: %w", err)
 	}
@@ -283,9 +320,10 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 	case "ok":
 		return nil, nil
 	case "next":
-		a.Number, a.JobVersion = int(number.Int32), version.Int64
-		a.StartedAt, a.Deadline = timeOf(started), timeOf(deadline)
-		return a, nil
+		if next == nil {
+			break
+		}
+		return a.attempt(next.ID, ref.JobID), nil
 	case "blocked":
 		return nil, ledger.ErrBlocked
 	case "stale":
@@ -294,6 +332,18 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 		return nil, ledger.ErrNotFound
 	}
 	return nil, errUnexpected("fail", outcome)
+}
+
+// Unsent implements ledger.Ledger.
+func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
+	if !validID(ref.JobID) || !validID(ref.AttemptID) {
+		return ledger.ErrNotFound
+	}
+	var outcome string
+	if err := l.pool.QueryRow(ctx, `SELECT unsent($1, $2, $3)`, ref.JobID, ref.AttemptID, ledger.ReasonUnsent).Scan(&outcome); err != nil {
+		return fmt.Errorf("postgres ledger: unsent: %w", err)
+	}
+	return simpleOutcome("unsent", outcome)
 }
 
 // MarkUnknown implements ledger.Ledger.
@@ -329,12 +379,17 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 	}
 	cancel := r.Cancel || r.Response == nil
 	var (
+		admin  any // NULL for a cancel
 		status int
 		header []byte
 		body   []byte
 		err    error
 	)
 	if !cancel {
+		if !validID(r.AttemptID) {
+			return nil, errInvalidID("attempt", r.AttemptID)
+		}
+		admin = r.AttemptID
 		status, body = r.Response.Status, r.Response.Body
 		if body == nil {
 			body = []byte{}
@@ -345,7 +400,7 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 	}
 	var outcome string
 	if err := l.pool.QueryRow(ctx, `SELECT resolve($1, $2, $3, $4, $5, $6)`,
-		jobID, cancel, ledger.NewID(), status, header, body).Scan(&outcome); err != nil {
+		jobID, cancel, admin, status, header, body).Scan(&outcome); err != nil {
 		return nil, fmt.Errorf("postgres ledger: resolve: %w", err)
 	}
 	if err := simpleOutcome("resolve", outcome); err != nil {

@@ -3,6 +3,13 @@
 // each transition is one function call (one round trip, one transaction),
 // deadlines are judged by the server's clock, and waiters are woken through
 // LISTEN/NOTIFY on one connection per Ledger.
+//
+// The tables live in the ledger's schema and change only by migrations
+// (migrations/*.sql). The functions live in a schema of their own per
+// version of functions.sql, "<schema>_fn<N>", which this release's
+// connections put first in their search_path: gateways of different
+// releases share the tables, each calling its own functions, during a
+// rolling upgrade (see functions.go).
 package postgres
 
 import (
@@ -38,6 +45,7 @@ type Options struct {
 type Ledger struct {
 	pool    *pgxpool.Pool
 	schema  string
+	fn      string // the schema of the current functions
 	channel string
 	listen  *listener
 	replays *near.Cache // completed jobs read lately
@@ -56,11 +64,18 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 	if !schemaName.MatchString(schema) {
 		return nil, fmt.Errorf("postgres ledger: invalid schema name %q", schema)
 	}
+	fn := functionsSchema(schema)
+	if len(fn) > maxIdentifier {
+		return nil, fmt.Errorf("postgres ledger: schema name %q is too long: its functions' schema %q exceeds PostgreSQL's %d bytes",
+			schema, fn, maxIdentifier)
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres ledger: %w", err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	// The current functions first, then the tables (and the functions of
+	// earlier releases, which this gateway never calls).
+	cfg.ConnConfig.RuntimeParams["search_path"] = fn + ", " + schema
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "onejob"
 	}
@@ -75,7 +90,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 		pool.Close()
 		return nil, err
 	}
-	l := &Ledger{pool: pool, schema: schema, channel: schema + ".jobs", replays: near.New(10000, 64<<20)}
+	l := &Ledger{pool: pool, schema: schema, fn: fn, channel: channelOf(schema), replays: near.New(10000, 64<<20)}
 	lcfg := cfg.ConnConfig.Copy()
 	lcfg.Tracer = nil
 	lcfg.RuntimeParams["application_name"] = "onejob-listener"
@@ -88,6 +103,9 @@ func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
 
 // Schema returns the schema the ledger's tables live in.
 func (l *Ledger) Schema() string { return l.schema }
+
+// FunctionsSchema returns the schema of the functions this gateway calls.
+func (l *Ledger) FunctionsSchema() string { return l.fn }
 
 // Close stops the listener and closes the pool.
 func (l *Ledger) Close() error {
@@ -137,8 +155,9 @@ func loadMigrations() ([]migration, error) {
 // gateways starting together apply each migration once.
 const migrationLock = 0x6f6e656a6f62 // "onejob"
 
-// migrate applies the missing migrations in one transaction, holding an
-// advisory lock.
+// migrate applies the missing migrations and then, unless they are there
+// already, the current functions, in one transaction, holding an advisory
+// lock.
 func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	ms, err := loadMigrations()
 	if err != nil {
@@ -176,7 +195,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 				return fmt.Errorf("postgres ledger: migration %s: %w", m.name, err)
 			}
 		}
-		return nil
+		return applyFunctions(ctx, tx, schema)
 	})
 }
 

@@ -32,7 +32,8 @@ var schemaSeq struct {
 	n int
 }
 
-// newSchema returns a schema name no other test uses, dropped at cleanup.
+// newSchema returns a schema name no other test uses, dropped at cleanup
+// with its functions' schema.
 func newSchema(t *testing.T) string {
 	schemaSeq.Lock()
 	schemaSeq.n++
@@ -45,7 +46,7 @@ func newSchema(t *testing.T) string {
 			return
 		}
 		defer conn.Close(context.Background())
-		if _, err := conn.Exec(context.Background(), "DROP SCHEMA "+name+" CASCADE"); err != nil {
+		if _, err := conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+functionsSchema(name)+", "+name+" CASCADE"); err != nil {
 			t.Errorf("drop schema: %v", err)
 		}
 	})
@@ -107,8 +108,8 @@ func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	p := ledger.ReserveParams{
 		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
-	}
+		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
+	}.WithNewIDs()
 	tr.take()
 	r, err := l.Reserve(ctx, p)
 	if err != nil {
@@ -123,6 +124,7 @@ func TestRoundTrips(t *testing.T) {
 	if n := tr.take(); n != 1 {
 		t.Errorf("complete took %d queries, want 1", n)
 	}
+	p = p.WithNewIDs() // another request for the key
 	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Done {
 		t.Fatalf("replay reserve: %v %v", r.Outcome, err)
 	}
@@ -207,8 +209,8 @@ func TestListenerReconnects(t *testing.T) {
 	defer cancel()
 	p := ledger.ReserveParams{
 		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
-	}
+		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
+	}.WithNewIDs()
 	r, err := l.Reserve(ctx, p)
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +250,7 @@ func TestListenerReconnects(t *testing.T) {
 		t.Fatal("waiter was not woken after the listener reconnected")
 	}
 	// A new waiter on the reconnected listener is woken too.
-	q := p
+	q := p.WithNewIDs()
 	q.KeyHash = []byte("key2")
 	r2, err := l.Reserve(ctx, q)
 	if err != nil {

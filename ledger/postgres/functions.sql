@@ -1,0 +1,564 @@
+-- onejob ledger functions: the transitions of SPEC section 1, one function
+-- call (one round trip, one transaction) each, implementing exactly the
+-- rules of ledger/internal/fsm. This file is the one current definition.
+--
+-- It is applied once per functions version (functionsVersion in
+-- postgres.go), into a schema of its own, {{fn}}, next to the ledger's
+-- tables: gateways of an earlier release keep calling the functions that
+-- migrations 0001 and 0002 created in the ledger's schema, while this
+-- release's connections put {{fn}} first in their search_path. Table names
+-- are unqualified (the search_path finds the ledger's tables); calls
+-- between these functions name {{fn}}, and notifications go to the
+-- ledger's channel {{channel}}, which old and new gateways share.
+--
+-- Every transition is idempotent by the ids the gateway chose (job id,
+-- attempt ids): applied twice, it has the effect of once and returns what
+-- the first application returned.
+--
+-- Changing this file means a new functions version: CREATE OR REPLACE
+-- cannot change a function's result columns, and running gateways keep
+-- calling the version they started with.
+
+CREATE FUNCTION {{fn}}.notify_job(p_job uuid) RETURNS void LANGUAGE sql AS $$
+	SELECT pg_notify({{channel}}, p_job::text);
+$$;
+
+-- lock_job locks a job that exists and has not expired; NULL otherwise.
+CREATE FUNCTION {{fn}}.lock_job(p_job uuid, p_now timestamptz) RETURNS jobs
+LANGUAGE sql AS $$
+	SELECT * FROM jobs WHERE id = p_job AND (expires_at IS NULL OR expires_at > p_now) FOR UPDATE;
+$$;
+
+-- refresh_lease records the job's starting attempts whose deadline passed as
+-- unknown (fsm.ApplyLeases), recomputes lease_until, and makes a pending job
+-- unknown when nothing is starting and an attempt blocks new ones: it is
+-- unknown, or lost while no result won and no operator settled the job
+-- since it started (its job_version is the job's version). The caller holds
+-- the job's row lock.
+CREATE FUNCTION {{fn}}.refresh_lease(p_job uuid, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+	n integer;
+	was text;
+	now_state text;
+BEGIN
+	UPDATE attempts SET state = 'unknown', finished_at = deadline, error = 'lease expired'
+	WHERE job_id = p_job AND state = 'starting' AND deadline <= p_now;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	SELECT t.state INTO was FROM jobs t WHERE t.id = p_job;
+	UPDATE jobs t SET
+		lease_until = (SELECT max(x.deadline) FROM attempts x WHERE x.job_id = p_job AND x.state = 'starting'),
+		state = CASE
+			WHEN t.state = 'pending' AND t.completed_by IS NULL
+				AND NOT EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state = 'starting')
+				AND EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job
+					AND (x.state = 'unknown' OR (x.state = 'lost' AND x.job_version = t.version)))
+			THEN 'unknown' ELSE t.state END
+	WHERE t.id = p_job
+	RETURNING t.state INTO now_state;
+	IF n > 0 OR was IS DISTINCT FROM now_state THEN
+		PERFORM {{fn}}.notify_job(p_job);
+	END IF;
+	RETURN n;
+END $$;
+
+-- reserve creates the job p_job for (owner, key) with attempt p_attempt, or
+-- reports what exists, re-opening a failed job with p_attempt and replacing
+-- an expired one in place by p_job. The UNIQUE constraint on (owner_hash,
+-- key_hash) decides who is first. A repeat finds p_attempt in the job and
+-- answers 'created' (attempt 1) or 'reopened' again, with the attempt as it
+-- is now.
+CREATE FUNCTION {{fn}}.reserve(
+	p_job uuid, p_attempt uuid, p_owner bytea, p_key bytea, p_fp bytea, p_fpv integer,
+	p_provider text, p_lease_us bigint, p_retention_us bigint,
+	OUT outcome text, OUT ts timestamptz,
+	OUT job_id uuid, OUT job_state text, OUT job_version bigint, OUT completed_by uuid,
+	OUT created_at timestamptz, OUT completed_at timestamptz, OUT expires_at timestamptz,
+	OUT response_status integer, OUT response_header bytea, OUT response_body bytea,
+	OUT response_size bigint, OUT response_stored boolean,
+	OUT attempt_id uuid, OUT attempt_number integer, OUT attempt_provider text,
+	OUT attempt_state text, OUT attempt_version bigint, OUT attempt_started timestamptz,
+	OUT attempt_deadline timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	a attempts%ROWTYPE;
+	lease interval := p_lease_us * interval '1 microsecond';
+	keep interval := p_retention_us * interval '1 microsecond';
+BEGIN
+	LOOP
+		ts := clock_timestamp();
+		-- No conflict target: a repeat of this call, running concurrently,
+		-- conflicts on the id as well as on (owner, key).
+		INSERT INTO jobs AS t (id, owner_hash, key_hash, fingerprint, fingerprint_version, state,
+			version, attempt_count, retention, created_at, lease_until)
+		VALUES (p_job, p_owner, p_key, p_fp, p_fpv, 'pending', 1, 1, keep, ts, ts + lease)
+		ON CONFLICT DO NOTHING
+		RETURNING t.* INTO j;
+		IF FOUND THEN
+			INSERT INTO attempts AS t VALUES (p_attempt, j.id, 1, p_provider, 'starting', 1, ts, ts + lease)
+			ON CONFLICT DO NOTHING
+			RETURNING t.* INTO a;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'onejob: attempt id % is taken', p_attempt USING ERRCODE = 'unique_violation';
+			END IF;
+			outcome := 'created';
+			EXIT;
+		END IF;
+
+		-- The key is taken. Most answers need no lock: read first.
+		SELECT * INTO j FROM jobs t WHERE t.owner_hash = p_owner AND t.key_hash = p_key;
+		IF NOT FOUND THEN
+			IF EXISTS (SELECT 1 FROM jobs t WHERE t.id = p_job) THEN
+				RAISE EXCEPTION 'onejob: job id % is taken by another key', p_job USING ERRCODE = 'unique_violation';
+			END IF;
+			CONTINUE; -- removed meanwhile: insert again
+		END IF;
+		ts := clock_timestamp();
+		IF j.expires_at IS NULL OR j.expires_at > ts THEN
+			IF j.fingerprint <> p_fp OR j.fingerprint_version <> p_fpv THEN
+				outcome := 'mismatch';
+				EXIT;
+			END IF;
+			SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = j.id;
+			IF FOUND THEN
+				outcome := CASE WHEN a.number = 1 THEN 'created' ELSE 'reopened' END;
+				EXIT;
+			END IF;
+			IF j.state = 'completed' OR j.completed_by IS NOT NULL THEN
+				outcome := 'done';
+				EXIT;
+			ELSIF j.state = 'pending' AND j.lease_until > ts THEN
+				outcome := 'in_flight';
+				EXIT;
+			ELSIF j.state = 'unknown' THEN
+				outcome := 'unknown';
+				EXIT;
+			END IF;
+		END IF;
+
+		-- Failed, expired, or a lease ran out: change it under the row lock.
+		SELECT * INTO j FROM jobs t WHERE t.id = j.id FOR UPDATE;
+		CONTINUE WHEN NOT FOUND; -- removed or replaced meanwhile
+		ts := clock_timestamp();
+		IF j.expires_at IS NOT NULL AND j.expires_at <= ts THEN
+			DELETE FROM attempts t WHERE t.job_id = j.id;
+			UPDATE jobs t SET id = p_job, fingerprint = p_fp, fingerprint_version = p_fpv,
+				state = 'pending', version = 1, completed_by = NULL, attempt_count = 1,
+				retention = keep, created_at = ts, completed_at = NULL, expires_at = NULL,
+				lease_until = ts + lease, response_status = NULL, response_header = NULL,
+				response_body = NULL, response_size = NULL, response_stored = false
+			WHERE t.id = j.id
+			RETURNING t.* INTO j;
+			INSERT INTO attempts AS t VALUES (p_attempt, j.id, 1, p_provider, 'starting', 1, ts, ts + lease)
+			ON CONFLICT DO NOTHING
+			RETURNING t.* INTO a;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'onejob: attempt id % is taken', p_attempt USING ERRCODE = 'unique_violation';
+			END IF;
+			outcome := 'created';
+			EXIT;
+		END IF;
+		IF j.fingerprint <> p_fp OR j.fingerprint_version <> p_fpv THEN
+			outcome := 'mismatch';
+			EXIT;
+		END IF;
+		PERFORM {{fn}}.refresh_lease(j.id, ts);
+		SELECT * INTO j FROM jobs t WHERE t.id = j.id;
+		-- A repeat of this call may have re-opened the job meanwhile.
+		SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = j.id;
+		IF FOUND THEN
+			outcome := CASE WHEN a.number = 1 THEN 'created' ELSE 'reopened' END;
+		ELSIF j.state = 'completed' OR j.completed_by IS NOT NULL THEN
+			outcome := 'done';
+		ELSIF j.state = 'failed' THEN
+			INSERT INTO attempts AS t VALUES (p_attempt, j.id, j.attempt_count + 1, p_provider, 'starting',
+				j.version + 1, ts, ts + lease)
+			ON CONFLICT DO NOTHING
+			RETURNING t.* INTO a;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'onejob: attempt id % is taken', p_attempt USING ERRCODE = 'unique_violation';
+			END IF;
+			UPDATE jobs t SET state = 'pending', version = t.version + 1, attempt_count = t.attempt_count + 1,
+				completed_at = NULL, expires_at = NULL, lease_until = ts + lease
+			WHERE t.id = j.id
+			RETURNING t.* INTO j;
+			outcome := 'reopened';
+		ELSIF j.state = 'pending' AND j.lease_until > ts THEN
+			outcome := 'in_flight';
+		ELSE
+			outcome := 'unknown';
+		END IF;
+		EXIT;
+	END LOOP;
+
+	job_id := j.id; job_state := j.state; job_version := j.version; created_at := j.created_at;
+	IF outcome = 'mismatch' THEN
+		RETURN; -- never the other request's answer
+	END IF;
+	completed_by := j.completed_by; completed_at := j.completed_at; expires_at := j.expires_at;
+	IF j.completed_by IS NOT NULL THEN
+		response_status := j.response_status; response_header := j.response_header;
+		response_body := j.response_body; response_size := j.response_size;
+		response_stored := j.response_stored;
+	END IF;
+	IF outcome = 'done' THEN
+		RETURN;
+	END IF;
+	-- Leases as the ledger's clock reads them now (fsm.ApplyLeases).
+	IF j.state = 'pending' AND j.completed_by IS NULL AND j.lease_until <= ts THEN
+		job_state := 'unknown';
+	END IF;
+	IF outcome IN ('in_flight', 'unknown') THEN
+		-- The attempt that blocks new ones (fsm.Blocking): the live one with
+		-- the latest deadline, else the blocking one with the latest deadline.
+		SELECT * INTO a FROM attempts t
+		WHERE t.job_id = j.id AND (t.state IN ('starting', 'unknown')
+			OR (t.state = 'lost' AND j.completed_by IS NULL AND t.job_version = j.version))
+		ORDER BY (t.state = 'starting' AND t.deadline > ts) DESC, t.deadline DESC
+		LIMIT 1;
+	END IF;
+	IF a.id IS NOT NULL THEN
+		attempt_id := a.id; attempt_number := a.number; attempt_provider := a.provider;
+		attempt_state := CASE WHEN a.state = 'starting' AND a.deadline <= ts THEN 'unknown' ELSE a.state END;
+		attempt_version := a.job_version; attempt_started := a.started_at; attempt_deadline := a.deadline;
+	END IF;
+END $$;
+
+-- complete offers an attempt's result to its job: compare-and-swap on the
+-- version the attempt read, an empty result slot and the attempt's deadline.
+-- A loser is recorded as lost and its result dropped (a cancelled attempt
+-- stays cancelled, a lost one keeps its reason); a repeat by the winner
+-- reports that it won.
+CREATE FUNCTION {{fn}}.complete(
+	p_job uuid, p_attempt uuid, p_version bigint,
+	p_status integer, p_header bytea, p_body bytea, p_size bigint, p_stored boolean,
+	OUT outcome text, OUT job_state text, OUT job_version bigint, OUT completed_by uuid,
+	OUT completed_at timestamptz, OUT expires_at timestamptz,
+	OUT response_status integer, OUT response_header bytea, OUT response_body bytea,
+	OUT response_size bigint, OUT response_stored boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	ts timestamptz := clock_timestamp();
+BEGIN
+	UPDATE jobs t SET state = 'completed', version = t.version + 1, completed_by = p_attempt,
+		completed_at = ts, expires_at = ts + t.retention, lease_until = NULL,
+		response_status = p_status, response_header = p_header, response_body = p_body,
+		response_size = p_size, response_stored = p_stored
+	WHERE t.id = p_job AND t.version = p_version AND t.completed_by IS NULL
+		AND (t.expires_at IS NULL OR t.expires_at > ts)
+		AND EXISTS (SELECT 1 FROM attempts x WHERE x.id = p_attempt AND x.job_id = p_job
+			AND x.state IN ('starting', 'unknown') AND x.deadline > ts)
+	RETURNING t.* INTO j;
+	IF FOUND THEN
+		-- The job is completed: its lease no longer matters (reads apply
+		-- the attempts' own deadlines), so no refresh_lease here.
+		UPDATE attempts t SET state = 'succeeded', finished_at = ts WHERE t.id = p_attempt;
+		PERFORM {{fn}}.notify_job(p_job);
+		outcome := 'won';
+	ELSE
+		SELECT * INTO j FROM {{fn}}.lock_job(p_job, ts);
+		IF j.id IS NULL OR NOT EXISTS (SELECT 1 FROM attempts x WHERE x.id = p_attempt AND x.job_id = p_job) THEN
+			outcome := 'not_found';
+			RETURN;
+		END IF;
+		IF j.completed_by = p_attempt THEN
+			outcome := 'won'; -- a repeat by the winner
+		ELSE
+			ts := clock_timestamp();
+			UPDATE attempts t SET state = 'lost', finished_at = ts,
+				error = CASE WHEN t.deadline <= ts THEN 'result arrived after attempt_deadline'
+					ELSE 'result arrived after the job was settled' END
+			WHERE t.id = p_attempt AND t.state NOT IN ('cancelled', 'lost');
+			PERFORM {{fn}}.refresh_lease(p_job, ts); -- an unbeaten lost result leaves the job unknown
+			SELECT * INTO j FROM jobs t WHERE t.id = p_job;
+			outcome := 'lost';
+		END IF;
+	END IF;
+	job_state := j.state; job_version := j.version; completed_by := j.completed_by;
+	completed_at := j.completed_at; expires_at := j.expires_at;
+	IF j.completed_by IS NOT NULL THEN
+		response_status := j.response_status; response_header := j.response_header;
+		response_body := j.response_body; response_size := j.response_size;
+		response_stored := j.response_stored;
+	END IF;
+END $$;
+
+-- blocked reports whether the locked job j takes no new attempt once
+-- p_attempt failed (fsm.afterFailure): it is settled, or another attempt
+-- is starting or unknown, or lost while no result won at the job's
+-- version.
+CREATE FUNCTION {{fn}}.blocked(j jobs, p_attempt uuid) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+	SELECT j.completed_by IS NOT NULL OR j.state IN ('completed', 'failed')
+		OR EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = j.id AND x.id <> p_attempt
+			AND (x.state IN ('starting', 'unknown') OR (x.state = 'lost' AND x.job_version = j.version)));
+$$;
+
+-- fail records a definitive failure of an attempt, then starts the next
+-- attempt (failover) or, when nothing else blocks, fails the job. An
+-- unknown attempt may still report a definitive failure until its
+-- deadline, but never fail over. A repeat answers as the first call did:
+-- the attempt it started, else 'blocked' (with a next attempt) or 'ok'.
+CREATE FUNCTION {{fn}}.fail(
+	p_job uuid, p_attempt uuid, p_reason text,
+	p_next uuid, p_next_provider text, p_next_lease_us bigint,
+	OUT outcome text, OUT attempt_number integer, OUT attempt_version bigint,
+	OUT attempt_provider text, OUT attempt_state text,
+	OUT attempt_started timestamptz, OUT attempt_deadline timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	a attempts%ROWTYPE;
+	ts timestamptz;
+	lease interval := p_next_lease_us * interval '1 microsecond';
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	IF j.id IS NULL THEN
+		outcome := 'not_found';
+		RETURN;
+	END IF;
+	ts := clock_timestamp();
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
+	IF NOT FOUND THEN
+		outcome := 'not_found';
+		RETURN;
+	END IF;
+	IF a.state = 'failed' THEN -- a repeat (fsm.repeatedFailure)
+		IF p_next IS NULL THEN
+			outcome := 'ok';
+			RETURN;
+		END IF;
+		SELECT * INTO a FROM attempts t WHERE t.id = p_next AND t.job_id = p_job;
+		IF NOT FOUND THEN
+			outcome := 'blocked';
+			RETURN;
+		END IF;
+		outcome := 'next';
+		attempt_number := a.number; attempt_version := a.job_version;
+		attempt_provider := a.provider; attempt_state := a.state;
+		attempt_started := a.started_at; attempt_deadline := a.deadline;
+		RETURN;
+	END IF;
+	IF NOT (a.state = 'starting' OR (a.state = 'unknown' AND a.deadline > ts AND p_next IS NULL)) THEN
+		outcome := 'stale';
+		RETURN;
+	END IF;
+	UPDATE attempts t SET state = 'failed', error = p_reason, finished_at = ts WHERE t.id = p_attempt;
+	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
+	IF {{fn}}.blocked(j, p_attempt) THEN
+		PERFORM {{fn}}.refresh_lease(p_job, ts); -- unknown when nothing else runs
+		outcome := CASE WHEN p_next IS NULL THEN 'ok' ELSE 'blocked' END;
+	ELSIF p_next IS NOT NULL THEN
+		INSERT INTO attempts AS t VALUES (p_next, p_job, j.attempt_count + 1, p_next_provider, 'starting',
+			j.version, ts, ts + lease)
+		ON CONFLICT DO NOTHING
+		RETURNING t.* INTO a;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'onejob: attempt id % is taken', p_next USING ERRCODE = 'unique_violation';
+		END IF;
+		UPDATE jobs t SET state = 'pending', attempt_count = t.attempt_count + 1, lease_until = ts + lease
+		WHERE t.id = p_job;
+		outcome := 'next';
+		attempt_number := a.number; attempt_version := a.job_version;
+		attempt_provider := a.provider; attempt_state := a.state;
+		attempt_started := a.started_at; attempt_deadline := a.deadline;
+	ELSE
+		UPDATE jobs t SET state = 'failed', completed_at = ts, expires_at = ts + t.retention, lease_until = NULL
+		WHERE t.id = p_job;
+		PERFORM {{fn}}.notify_job(p_job);
+		outcome := 'ok';
+	END IF;
+END $$;
+
+-- unsent records that the gateway never sent an attempt: it becomes failed
+-- (with p_reason), even after its lease made it unknown, as long as nothing
+-- else touched the job (the lease was all that changed it, the job is at
+-- the attempt's version with no result, and no later attempt started); the
+-- job becomes failed when nothing else blocks it. A repeat, or an attempt
+-- failed otherwise, is 'ok'.
+CREATE FUNCTION {{fn}}.unsent(p_job uuid, p_attempt uuid, p_reason text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	a attempts%ROWTYPE;
+	ts timestamptz;
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	IF j.id IS NULL THEN
+		RETURN 'not_found';
+	END IF;
+	ts := clock_timestamp();
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
+	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
+	IF NOT FOUND THEN
+		RETURN 'not_found';
+	ELSIF a.state = 'failed' THEN
+		RETURN 'ok';
+	ELSIF a.state = 'unknown' THEN
+		IF a.error IS DISTINCT FROM 'lease expired' OR j.version <> a.job_version
+			OR j.completed_by IS NOT NULL OR a.number <> j.attempt_count THEN
+			RETURN 'stale';
+		END IF;
+	ELSIF a.state <> 'starting' THEN
+		RETURN 'stale';
+	END IF;
+	UPDATE attempts t SET state = 'failed', error = p_reason, finished_at = ts WHERE t.id = p_attempt;
+	IF {{fn}}.blocked(j, p_attempt) THEN
+		PERFORM {{fn}}.refresh_lease(p_job, ts);
+	ELSE
+		UPDATE jobs t SET state = 'failed', completed_at = ts, expires_at = ts + t.retention, lease_until = NULL
+		WHERE t.id = p_job;
+		PERFORM {{fn}}.notify_job(p_job);
+	END IF;
+	RETURN 'ok';
+END $$;
+
+-- mark_unknown records that an attempt's outcome is unknown; the job becomes
+-- unknown unless a result won. The version is kept. A repeat is 'ok'.
+CREATE FUNCTION {{fn}}.mark_unknown(p_job uuid, p_attempt uuid, p_reason text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	s text;
+	ts timestamptz;
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	IF j.id IS NULL THEN
+		RETURN 'not_found';
+	END IF;
+	ts := clock_timestamp();
+	SELECT t.state INTO s FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
+	IF NOT FOUND THEN
+		RETURN 'not_found';
+	ELSIF s = 'starting' THEN
+		UPDATE attempts t SET state = 'unknown', error = p_reason, finished_at = ts WHERE t.id = p_attempt;
+	ELSIF s <> 'unknown' THEN
+		RETURN 'stale';
+	END IF;
+	UPDATE jobs t SET state = 'unknown'
+	WHERE t.id = p_job AND t.state = 'pending' AND t.completed_by IS NULL;
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	PERFORM {{fn}}.notify_job(p_job);
+	RETURN 'ok';
+END $$;
+
+-- hedge starts the concurrent attempt p_attempt on a pending job, keeping
+-- its version. A repeat returns the attempt as it is now.
+CREATE FUNCTION {{fn}}.hedge(p_job uuid, p_version bigint, p_attempt uuid, p_provider text, p_lease_us bigint,
+	OUT outcome text, OUT attempt_number integer, OUT attempt_version bigint,
+	OUT attempt_provider text, OUT attempt_state text,
+	OUT attempt_started timestamptz, OUT attempt_deadline timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	a attempts%ROWTYPE;
+	ts timestamptz;
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	IF j.id IS NULL THEN
+		outcome := 'not_found';
+		RETURN;
+	END IF;
+	ts := clock_timestamp();
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
+	IF NOT FOUND THEN
+		SELECT * INTO j FROM jobs t WHERE t.id = p_job;
+		IF j.state <> 'pending' OR j.completed_by IS NOT NULL OR j.version <> p_version THEN
+			outcome := 'stale';
+			RETURN;
+		END IF;
+		INSERT INTO attempts AS t VALUES (p_attempt, p_job, j.attempt_count + 1, p_provider, 'starting',
+			j.version, ts, ts + p_lease_us * interval '1 microsecond')
+		ON CONFLICT DO NOTHING
+		RETURNING t.* INTO a;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'onejob: attempt id % is taken', p_attempt USING ERRCODE = 'unique_violation';
+		END IF;
+		UPDATE jobs t SET attempt_count = t.attempt_count + 1, lease_until = greatest(t.lease_until, a.deadline)
+		WHERE t.id = p_job;
+	END IF;
+	outcome := 'ok';
+	attempt_number := a.number; attempt_version := a.job_version;
+	attempt_provider := a.provider; attempt_state := a.state;
+	attempt_started := a.started_at; attempt_deadline := a.deadline;
+END $$;
+
+-- resolve settles a job out of band: cancel, or complete with the admin
+-- attempt p_admin. Running attempts become cancelled and can only lose. A
+-- repeat of a completion (the same p_admin) is 'ok', and so is a cancel of
+-- a job already failed with nothing starting or unknown: neither changes
+-- anything.
+CREATE FUNCTION {{fn}}.resolve(p_job uuid, p_cancel boolean, p_admin uuid,
+	p_status integer, p_header bytea, p_body bytea)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	ts timestamptz;
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	IF j.id IS NULL THEN
+		RETURN 'not_found';
+	END IF;
+	IF NOT p_cancel AND j.completed_by = p_admin THEN
+		RETURN 'ok';
+	END IF;
+	IF j.state = 'completed' OR j.completed_by IS NOT NULL THEN
+		RETURN 'completed';
+	END IF;
+	ts := clock_timestamp();
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	IF p_cancel AND j.state = 'failed'
+		AND NOT EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state IN ('starting', 'unknown')) THEN
+		RETURN 'ok';
+	END IF;
+	UPDATE attempts SET state = 'cancelled', finished_at = ts, error = 'resolved by an operator'
+	WHERE job_id = p_job AND state IN ('starting', 'unknown');
+	IF p_cancel THEN
+		UPDATE jobs t SET state = 'failed', version = t.version + 1, completed_at = ts,
+			expires_at = ts + t.retention, lease_until = NULL
+		WHERE t.id = p_job;
+	ELSE
+		INSERT INTO attempts VALUES (p_admin, p_job, j.attempt_count + 1, 'admin', 'succeeded',
+			j.version + 1, ts, ts, ts, NULL)
+		ON CONFLICT DO NOTHING;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'onejob: attempt id % is taken', p_admin USING ERRCODE = 'unique_violation';
+		END IF;
+		UPDATE jobs t SET state = 'completed', version = t.version + 1, completed_by = p_admin,
+			attempt_count = t.attempt_count + 1, completed_at = ts, expires_at = ts + t.retention,
+			lease_until = NULL, response_status = p_status, response_header = p_header,
+			response_body = p_body, response_size = octet_length(p_body), response_stored = true
+		WHERE t.id = p_job;
+	END IF;
+	PERFORM {{fn}}.notify_job(p_job);
+	RETURN 'ok';
+END $$;
+
+-- sweep records expired leases as unknown and removes up to p_limit expired
+-- jobs (with their attempts).
+CREATE FUNCTION {{fn}}.sweep(p_limit integer, OUT unknown integer, OUT removed integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_job uuid;
+	ts timestamptz := clock_timestamp();
+BEGIN
+	unknown := 0;
+	FOR v_job IN
+		SELECT t.id FROM jobs t
+		WHERE t.id IN (SELECT DISTINCT x.job_id FROM attempts x WHERE x.state = 'starting' AND x.deadline <= ts LIMIT p_limit)
+		FOR UPDATE SKIP LOCKED
+	LOOP
+		unknown := unknown + {{fn}}.refresh_lease(v_job, ts);
+	END LOOP;
+	WITH gone AS (
+		DELETE FROM jobs t WHERE t.id IN (
+			SELECT x.id FROM jobs x WHERE x.expires_at <= ts LIMIT p_limit FOR UPDATE SKIP LOCKED)
+		RETURNING 1)
+	SELECT count(*) INTO removed FROM gone;
+END $$;

@@ -1,0 +1,67 @@
+package postgres
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// released holds the checksum of functions.sql for each functions version
+// a release shipped. Gateways of different releases share a ledger, each
+// calling the functions of its own version, so a version's text never
+// changes once released.
+var released = map[int]string{
+	3: "38194d1bcedd3e8b5e51ec31899d6eaf7ac0bd78b8de7c31ab02f89a3d0b42c7",
+}
+
+func TestFunctionsVersion(t *testing.T) {
+	sum, ok := released[functionsVersion]
+	if !ok {
+		t.Fatalf("functions version %d has no recorded checksum: record %s", functionsVersion, functionsChecksum)
+	}
+	if sum != functionsChecksum {
+		t.Fatalf("functions.sql changed under version %d (checksum %s, recorded %s): running gateways of that version "+
+			"would keep the old text; raise functionsVersion, record the new checksum here, and update the "+
+			"functions' schema named in integration/bench/ledger.pgbench", functionsVersion, functionsChecksum, sum)
+	}
+}
+
+// TestFunctionsSQL: the placeholders are all replaced, and every call from
+// one function to another names the functions' schema, so that it reaches
+// this version whatever the caller's search_path (pgbench, an operator).
+func TestFunctionsSQL(t *testing.T) {
+	sql := functionsSQL("onejob")
+	if strings.Contains(sql, "{{") {
+		t.Fatalf("a placeholder is left in functions.sql: %q", regexp.MustCompile(`\{\{\w*\}\}`).FindString(sql))
+	}
+	if !strings.Contains(sql, `pg_notify('onejob.jobs', `) {
+		t.Errorf("notifications do not go to the channel onejob.jobs")
+	}
+	created := regexp.MustCompile(`(?m)^CREATE FUNCTION (\S+?)\.(\w+)\(`).FindAllStringSubmatch(sql, -1)
+	if len(created) == 0 {
+		t.Fatal("no functions found")
+	}
+	for _, c := range created {
+		if c[1] != `"onejob_fn3"` {
+			t.Errorf("function %s is created in %s, not in the functions' schema", c[2], c[1])
+		}
+		calls := regexp.MustCompile(`([\w".]*)\b`+c[2]+`\(`).FindAllStringSubmatch(sql, -1)
+		for _, call := range calls {
+			if call[1] != `"onejob_fn3".` {
+				t.Errorf("%s is called as %q: name the functions' schema", c[2], call[0])
+			}
+		}
+	}
+}
+
+func TestSchemaNameLength(t *testing.T) {
+	long := strings.Repeat("s", maxIdentifier-len("_fn3")+1)
+	_, err := Open(context.Background(), "postgres://127.0.0.1:1/none", Options{Schema: long})
+	if err == nil || !strings.Contains(err.Error(), "too long") {
+		t.Errorf("Open with a %d-byte schema: err = %v, want too long", len(long), err)
+	}
+	if fn := functionsSchema(long[1:]); len(fn) != maxIdentifier {
+		t.Errorf("functions schema %q is %d bytes", fn, len(fn))
+	}
+}
