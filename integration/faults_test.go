@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,9 +12,11 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -21,7 +24,8 @@ import (
 // faultProxy forwards TCP to a ledger's server and injects faults in
 // between: cut drops every connection and refuses new ones, slow holds each
 // chunk of bytes for a while before passing it on (both ways), stall holds
-// every byte; restore ends them all.
+// every byte, dropReply lets one command through and drops its reply;
+// restore ends them all.
 type faultProxy struct {
 	ln     net.Listener
 	target string
@@ -31,7 +35,22 @@ type faultProxy struct {
 	down    bool
 	delay   time.Duration
 	stalled chan struct{} // while stalled: closed by restore
+	armed   *drop         // the next command carrying its marker fires it
 }
+
+// drop is a dropReply: armed until a command toward the server carries its
+// marker, then fired once.
+type drop struct {
+	marker   []byte
+	thenDown bool
+	once     sync.Once
+	done     chan struct{} // closed once the reply was dropped
+	command  []byte        // the bytes around the marker, for the log
+}
+
+// maxMarker bounds a marker's length: each connection keeps the last
+// maxMarker-1 bytes it sent, so that a marker split across reads is found.
+const maxMarker = 256
 
 func newFaultProxy(t *testing.T, target string) *faultProxy {
 	t.Helper()
@@ -79,12 +98,17 @@ func (p *faultProxy) serve(in net.Conn) {
 	}
 	p.conns[in], p.conns[out] = struct{}{}, struct{}{}
 	p.mu.Unlock()
-	go p.pipe(out, in)
-	p.pipe(in, out)
+	var fired atomic.Pointer[drop] // the drop of this connection's reply
+	go p.pipe(out, in, true, &fired)
+	p.pipe(in, out, false, &fired)
 }
 
 // pipe copies src to dst, holding each chunk as the current fault says.
-func (p *faultProxy) pipe(dst, src net.Conn) {
+// Toward the server (up), a chunk that carries the armed drop's marker is
+// passed on and fires it; toward the client, once the connection's drop
+// has fired, the reply is discarded and the connection closed, at the
+// latest 200 ms after the command went through.
+func (p *faultProxy) pipe(dst, src net.Conn, up bool, fired *atomic.Pointer[drop]) {
 	defer func() {
 		dst.Close()
 		src.Close()
@@ -94,24 +118,71 @@ func (p *faultProxy) pipe(dst, src net.Conn) {
 		p.mu.Unlock()
 	}()
 	buf := make([]byte, 32<<10)
+	var tail []byte // toward the server: the end of the previous chunk
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
 			delay, stalled := p.delay, p.stalled
+			var d *drop
+			if up {
+				d = p.take(tail, buf[:n])
+			}
 			p.mu.Unlock()
 			if stalled != nil {
 				<-stalled
 			}
 			time.Sleep(delay)
+			if f := fired.Load(); f != nil && !up {
+				p.fire(f, dst, src) // the reply, discarded
+				return
+			}
+			if d != nil {
+				fired.Store(d) // before the command goes: its reply may come at once
+				time.AfterFunc(200*time.Millisecond, func() { p.fire(d, dst, src) })
+			}
 			if _, err := dst.Write(buf[:n]); err != nil {
 				return
+			}
+			if up {
+				tail = append(tail[:0], buf[max(0, n-maxMarker+1):n]...)
 			}
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// take disarms and returns the armed drop when chunk, read after tail on
+// its connection, carries the drop's marker. p.mu is held.
+func (p *faultProxy) take(tail, chunk []byte) *drop {
+	d := p.armed
+	if d == nil {
+		return nil
+	}
+	// Only the last len(marker)-1 bytes of tail: a match ends in chunk.
+	seen := append(slices.Clip(tail[len(tail)-min(len(tail), len(d.marker)-1):]), chunk...)
+	i := bytes.Index(seen, d.marker)
+	if i < 0 {
+		return nil
+	}
+	p.armed = nil
+	d.command = slices.Clone(seen[max(0, i-64):min(len(seen), i+len(d.marker)+32)])
+	return d
+}
+
+// fire drops d's reply: the connection between a and b closes, and with
+// thenDown every connection, as cut does.
+func (p *faultProxy) fire(d *drop, a, b net.Conn) {
+	d.once.Do(func() {
+		if d.thenDown {
+			p.cut() // down first, so that a client that reconnects at once is refused
+		}
+		a.Close()
+		b.Close()
+		close(d.done)
+	})
 }
 
 func (p *faultProxy) addr() string { return p.ln.Addr().String() }
@@ -142,11 +213,39 @@ func (p *faultProxy) stall() {
 	p.mu.Unlock()
 }
 
+// dropReply arms the proxy: the next command toward the server (on any
+// connection) that carries marker goes through, but its reply is dropped
+// and its connection closed, so that the client sees the connection break
+// with its command done. With thenDown the proxy then goes down, as with
+// cut, until restore. It fires once; wait tells when it has.
+func (p *faultProxy) dropReply(marker string, thenDown bool) *drop {
+	if marker == "" || len(marker) > maxMarker {
+		panic("dropReply: marker of " + strconv.Itoa(len(marker)) + " bytes")
+	}
+	d := &drop{marker: []byte(marker), thenDown: thenDown, done: make(chan struct{})}
+	p.mu.Lock()
+	p.armed = d
+	p.mu.Unlock()
+	return d
+}
+
+// wait returns once d has dropped a reply, and fails the test if that does
+// not happen within 10 s.
+func (d *drop) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-d.done:
+		t.Logf("dropped the reply to the command %q", d.command)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no command carrying %q reached the ledger: no reply was dropped", d.marker)
+	}
+}
+
 // restore ends every fault.
 func (p *faultProxy) restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.down, p.delay = false, 0
+	p.down, p.delay, p.armed = false, 0, nil
 	if p.stalled != nil {
 		close(p.stalled)
 		p.stalled = nil
