@@ -169,6 +169,8 @@ func newHarness(t *testing.T, cfg Config, fn upstreamFunc) *harness {
 		h.l = l
 	case *hookLedger:
 		h.l = l.Ledger.(*memory.Ledger)
+	case *lossyLedger:
+		h.l = l.Ledger.(*memory.Ledger)
 	}
 	if cfg.Hold == nil {
 		cfg.Hold = func() func() { return func() { h.runs <- struct{}{} } }

@@ -1,0 +1,245 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/memory"
+)
+
+// errReplyLost is what a ledger client reports when a command ran but its
+// reply never came back.
+var errReplyLost = errors.New("read tcp: connection reset by peer")
+
+// lossyLedger runs calls on a memory ledger and loses replies: drop[op]
+// replies of op are lost after the call ran; while down, no call runs.
+type lossyLedger struct {
+	ledger.Ledger
+
+	mu      sync.Mutex
+	drop    map[string]int
+	down    bool
+	downNow map[string]bool // op: go down as its reply is lost
+}
+
+func newLossy() *lossyLedger {
+	return &lossyLedger{Ledger: memory.New(), drop: map[string]int{}, downNow: map[string]bool{}}
+}
+
+func (l *lossyLedger) setDown(down bool) {
+	l.mu.Lock()
+	l.down = down
+	l.mu.Unlock()
+}
+
+// do runs call unless the ledger is down, then loses its reply if op's
+// drop count says so.
+func (l *lossyLedger) do(op string, call func() error) error {
+	l.mu.Lock()
+	down := l.down
+	l.mu.Unlock()
+	if down {
+		return errors.New("dial tcp: connection refused")
+	}
+	err := call()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.drop[op] > 0 {
+		l.drop[op]--
+		if l.downNow[op] {
+			l.down = true
+		}
+		return errReplyLost
+	}
+	return err
+}
+
+func (l *lossyLedger) Reserve(ctx context.Context, p ledger.ReserveParams) (r ledger.Reservation, err error) {
+	err = l.do("reserve", func() error { r, err = l.Ledger.Reserve(ctx, p); return err })
+	return r, err
+}
+
+func (l *lossyLedger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (c ledger.Completion, err error) {
+	err = l.do("complete", func() error { c, err = l.Ledger.Complete(ctx, ref, resp); return err })
+	return c, err
+}
+
+func (l *lossyLedger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	return l.do("save_body", func() error { return l.Ledger.SaveBody(ctx, ref, body, size, stored) })
+}
+
+func (l *lossyLedger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (a *ledger.Attempt, err error) {
+	err = l.do("fail", func() error { a, err = l.Ledger.Fail(ctx, ref, reason, next); return err })
+	return a, err
+}
+
+func (l *lossyLedger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
+	return l.do("unsent", func() error { return l.Ledger.Unsent(ctx, ref) })
+}
+
+// onlyJob returns the one job the ledger holds.
+func onlyJob(t *testing.T, l ledger.Ledger) *ledger.Job {
+	t.Helper()
+	page, err := l.Jobs(context.Background(), ledger.JobQuery{})
+	if err != nil || len(page.Jobs) != 1 {
+		t.Fatalf("jobs %+v, %v; want one", page.Jobs, err)
+	}
+	j, err := l.Job(context.Background(), page.Jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// A reservation whose reply was lost is repeated: the request is forwarded
+// once, as the job's first attempt, and its answer is the client's own.
+func TestReserveReplyLostIsRepeated(t *testing.T) {
+	l := newLossy()
+	l.drop["reserve"] = 1
+	obs := newCountingObserver()
+	h := newHarness(t, Config{Ledger: l, Observer: obs}, nil)
+	rec := h.do(post("k", `{}`))
+	wantAnswer(t, rec, http.StatusCreated, "{\"id\":\"ch_1\",\"amount\":100}\n")
+	h.waitRun()
+	wantJob(t, h.job(jobID(t, rec)), ledger.JobCompleted, "next/succeeded")
+	wantReplay(t, h.do(post("k", `{}`)), jobID(t, rec), http.StatusCreated, "{\"id\":\"ch_1\",\"amount\":100}\n")
+	if h.up.calls() != 1 || obs.repeats["reserve"] != 1 {
+		t.Errorf("upstream called %d times, reserve repeated %d times", h.up.calls(), obs.repeats["reserve"])
+	}
+}
+
+// A completion whose reply was lost is repeated, and the repeat reports
+// that it won: the first client gets its own answer, not a replay.
+func TestCompleteReplyLostStillWins(t *testing.T) {
+	l := newLossy()
+	l.drop["complete"] = 1
+	h := newHarness(t, Config{Ledger: l}, nil)
+	rec := h.do(post("k", `{}`))
+	wantAnswer(t, rec, http.StatusCreated, "{\"id\":\"ch_1\",\"amount\":100}\n")
+	h.waitRun()
+	wantJob(t, h.job(jobID(t, rec)), ledger.JobCompleted, "next/succeeded")
+	wantReplay(t, h.do(post("k", `{}`)), jobID(t, rec), http.StatusCreated, "{\"id\":\"ch_1\",\"amount\":100}\n")
+	if h.up.calls() != 1 {
+		t.Errorf("upstream called %d times", h.up.calls())
+	}
+}
+
+// A stream whose completion (at its headers) and body save lost their
+// replies reaches its client, is stored, and replays whole.
+func TestStreamReplyLostIsStored(t *testing.T) {
+	for _, op := range []string{"complete", "save_body"} {
+		t.Run(op, func(t *testing.T) {
+			const whole = "data: 1\n\ndata: 2\n\n"
+			l := newLossy()
+			l.drop[op] = 1
+			flushed := make(chan struct{}, 1)
+			g := newGate(t)
+			h, p, _ := newProviders(t, Config{Ledger: l, AttemptTimeout: patience},
+				eventStream(flushed, g, []byte("data: 2\n\n")), respond(http.StatusCreated, "fallback"))
+			srv := serveHarness(t, h, g)
+			resp := postTo(t, srv, "k")
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderReplayed) != "" {
+				t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
+			}
+			recv(t, flushed, "the provider's flush")
+			g.open()
+			got, err := io.ReadAll(bufio.NewReader(resp.Body))
+			if err != nil || string(got) != whole {
+				t.Fatalf("stream %q, %v", got, err)
+			}
+			h.waitRun()
+			j := h.job(resp.Header.Get(HeaderJobID))
+			wantJob(t, j, ledger.JobCompleted, "primary/succeeded")
+			if j.Response == nil || !j.Response.Stored || string(j.Response.Body) != whole {
+				t.Fatalf("stored response %+v", j.Response)
+			}
+			retry := postTo(t, srv, "k")
+			defer retry.Body.Close()
+			replayed, err := io.ReadAll(retry.Body)
+			if err != nil || string(replayed) != whole || retry.Header.Get(HeaderReplayed) != "true" {
+				t.Errorf("retry: %d %q %v", retry.StatusCode, replayed, err)
+			}
+			if p.calls() != 1 {
+				t.Errorf("primary called %d times", p.calls())
+			}
+		})
+	}
+}
+
+// A reservation whose reply was lost, with the ledger down afterwards: the
+// request is not forwarded (503), and once the ledger answers again its
+// attempt is recorded failed (never sent), not unknown, so the retry runs.
+func TestReserveReplyLostThenDownIsRecordedUnsent(t *testing.T) {
+	l := newLossy()
+	l.drop["reserve"], l.downNow["reserve"] = 1, true
+	h := newHarness(t, Config{Ledger: l, Hold: func() func() { return func() {} }}, nil)
+	wantProblem(t, h.do(post("k", `{}`)), http.StatusServiceUnavailable, ProblemLedgerUnavailable)
+	if h.up.calls() != 0 {
+		t.Fatalf("upstream called %d times while the ledger was down", h.up.calls())
+	}
+	wantJob(t, onlyJob(t, h.l), ledger.JobPending, "next/starting")
+	l.setDown(false)
+	deadline := time.Now().Add(patience)
+	for onlyJob(t, h.l).State != ledger.JobFailed {
+		if time.Now().After(deadline) {
+			t.Fatalf("the never-sent attempt was not recorded: job %s", attemptsOf(onlyJob(t, h.l)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	j := onlyJob(t, h.l)
+	wantJob(t, j, ledger.JobFailed, "next/failed")
+	if j.Attempts[0].Error != ledger.ReasonUnsent {
+		t.Errorf("attempt error %q", j.Attempts[0].Error)
+	}
+	rec := h.do(post("k", `{}`))
+	wantAnswer(t, rec, http.StatusCreated, "{\"id\":\"ch_1\",\"amount\":100}\n")
+	if h.up.calls() != 1 {
+		t.Errorf("upstream called %d times", h.up.calls())
+	}
+}
+
+// On a hedged route, a result that came after its attempt's deadline was
+// discarded although its provider acted: when the other attempt then fails
+// definitively, the job is unknown, not failed, and a retry runs nothing.
+func TestHedgedLateResultBlocksTheJob(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	const lease = time.Hour // by the ledger's clock, which the test moves
+	pEntered, fEntered := make(chan struct{}, 1), make(chan struct{}, 1)
+	pGate, fGate := newGate(t), newGate(t)
+	h, p, f := newProviders(t, Config{
+		Ledger:     memory.New(memory.WithClock(clock.now)),
+		HedgeAfter: hedgeAfter, AttemptTimeout: patience, AttemptDeadline: lease,
+	},
+		held(pEntered, pGate, respond(http.StatusCreated, "primary")),
+		func(w http.ResponseWriter, r *http.Request, n int) error {
+			fEntered <- struct{}{}
+			<-fGate.ch
+			return respond(http.StatusServiceUnavailable, "fallback")(w, r, n)
+		})
+	first := h.goDo(post("k", `{}`))
+	recv(t, pEntered, "the primary's call")
+	clock.advance(lease / 2)
+	recv(t, fEntered, "the hedge's call")
+	clock.advance(lease/2 + time.Minute) // past the primary's deadline, not the hedge's
+	pGate.open()
+	rec := recv(t, first, "the first answer")
+	if rec.Code == http.StatusCreated {
+		t.Fatalf("a result after attempt_deadline was sent as the job's result: %d %q", rec.Code, rec.Body)
+	}
+	fGate.open()
+	h.waitRun()
+	j := onlyJob(t, h.l)
+	wantJob(t, j, ledger.JobUnknown, "primary/lost fallback/failed")
+	wantProblem(t, h.do(post("k", `{}`)), http.StatusConflict, ProblemOutcomeUnknown)
+	if p.calls() != 1 || f.calls() != 1 {
+		t.Errorf("primary %d calls, fallback %d: the job was run again", p.calls(), f.calls())
+	}
+}
