@@ -108,9 +108,14 @@ func TestAdminCancelUnblocksUnknownJob(t *testing.T) {
 			t.Errorf("retry after cancel: %v", retry)
 		}
 		close(release)
-		eventually(t, "the cancelled attempt's late answer is recorded as lost", func() bool {
-			return g.job(t, jobID).Attempts[0].State == "lost"
+		// The operator's decision stands: the late answer is discarded and
+		// logged as a lost race, and the attempt stays cancelled.
+		eventually(t, "the cancelled attempt's late answer is discarded", func() bool {
+			return strings.Contains(g.out.String(), "result discarded")
 		})
+		if s := g.job(t, jobID).Attempts[0].State; s != "cancelled" {
+			t.Errorf("the cancelled attempt is %s after its late answer", s)
+		}
 		if again := g.post(t, "/charges", "cancel-1", auth, `{}`); again.body != `{"attempt":"2"}` {
 			t.Errorf("replay after the late answer: %v", again)
 		}
