@@ -142,23 +142,47 @@ func decodeAttempts(j *ledger.Job, m map[string]string, count int) {
 	j.Attempts = make([]ledger.Attempt, 0, count)
 	for n := 1; n <= count; n++ {
 		p := strconv.Itoa(n) + ":"
-		id, ok := m[p+"id"]
-		if !ok {
-			continue
+		if _, ok := m[p+"id"]; ok {
+			j.Attempts = append(j.Attempts, decodeAttempt(j.ID, n, func(name string) string { return m[p+name] }))
 		}
-		j.Attempts = append(j.Attempts, ledger.Attempt{
-			ID:         id,
-			JobID:      j.ID,
-			Number:     n,
-			Provider:   m[p+"p"],
-			State:      ledger.AttemptState(m[p+"s"]),
-			JobVersion: int64Of(m[p+"v"]),
-			StartedAt:  timeOf(m[p+"t0"]),
-			Deadline:   timeOf(m[p+"dl"]),
-			FinishedAt: timeOf(m[p+"t1"]),
-			Error:      m[p+"e"],
-		})
 	}
+}
+
+// decodeAttempt reads attempt n of job jobID from its fields, named as in
+// attemptFields.
+func decodeAttempt(jobID string, n int, field func(name string) string) ledger.Attempt {
+	return ledger.Attempt{
+		ID:         field("id"),
+		JobID:      jobID,
+		Number:     n,
+		Provider:   field("p"),
+		State:      ledger.AttemptState(field("s")),
+		JobVersion: int64Of(field("v")),
+		StartedAt:  timeOf(field("t0")),
+		Deadline:   timeOf(field("dl")),
+		FinishedAt: timeOf(field("t1")),
+		Error:      field("e"),
+	}
+}
+
+// scriptAttempt reads one attempt a script returned (attempt_reply in
+// lib.lua): its number, then its fields in attemptFields order.
+func scriptAttempt(what, jobID string, v any) (*ledger.Attempt, error) {
+	vals, ok := array(v)
+	if !ok || len(vals) < 1 {
+		return nil, errReply(what, v)
+	}
+	ns, _ := str(vals[0])
+	n, err := strconv.Atoi(ns)
+	if err != nil {
+		return nil, errReply(what, vals[0])
+	}
+	m := zipFields(attemptFields, vals[1:])
+	if _, ok := m["id"]; !ok {
+		return nil, fmt.Errorf("redis ledger: %s: attempt %d missing", what, n)
+	}
+	a := decodeAttempt(jobID, n, func(name string) string { return m[name] })
+	return &a, nil
 }
 
 // scriptJob reads the job and attempts a script returned: the job's fields
@@ -185,26 +209,6 @@ func scriptJob(what string, fields, attempts any) (*ledger.Job, error) {
 	n, _ := strconv.Atoi(m["n"])
 	decodeAttempts(j, flatMap(flat), n)
 	return j, nil
-}
-
-// blocking returns the attempt that blocks new attempts: the starting one
-// with the latest deadline, else the unknown one with the latest deadline
-// (as fsm chooses it).
-func blocking(j *ledger.Job) *ledger.Attempt {
-	for _, want := range []ledger.AttemptState{ledger.AttemptStarting, ledger.AttemptUnknown} {
-		var best *ledger.Attempt
-		for i := range j.Attempts {
-			a := &j.Attempts[i]
-			if a.State == want && (best == nil || a.Deadline.After(best.Deadline)) {
-				best = a
-			}
-		}
-		if best != nil {
-			c := *best
-			return &c
-		}
-	}
-	return nil
 }
 
 func attemptNumbered(j *ledger.Job, n int) *ledger.Attempt {

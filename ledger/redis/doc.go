@@ -4,6 +4,13 @@
 // server's clock (TIME inside the script, never the gateway's). Waiters are
 // woken through pub/sub on one subscription per Ledger.
 //
+// The scripts (scripts/*.lua, each run with the shared scripts/lib.lua)
+// implement the rules of ledger/internal/fsm, and every transition is
+// idempotent by the ids the caller chose: a script applied twice has the
+// effect of once and answers as the first time. The client never re-sends
+// a command on its own (MaxRetries -1): a script whose reply was lost is
+// repeated, if at all, by the caller.
+//
 // # Keyspace
 //
 // Every key starts with Options.Prefix (default "onejob:"), written <p>:
@@ -42,8 +49,8 @@
 // Every script also checks the expiry itself, so an expired job counts as
 // absent at once. The sweeper (Sweep) removes expired jobs from the
 // indexes and deletes their identity key unless a new job took it; a
-// reservation of the same key replaces an expired job in place, with a new
-// job id. Pending and unknown jobs never expire; re-opening a failed job
+// reservation of the same key replaces an expired job in place, with the
+// job id that reservation chose. Pending and unknown jobs never expire; re-opening a failed job
 // removes its expiry.
 //
 // Leases: a starting attempt whose deadline passed reads as unknown at once.

@@ -54,11 +54,19 @@ func TestMiniredisConformance(t *testing.T) {
 	})
 }
 
+// params returns the parameters of a new request for (owner, key), with
+// new ids: a repeat of its call reuses them.
 func params(owner, key string) ledger.ReserveParams {
 	return ledger.ReserveParams{
-		OwnerHash: []byte(owner), KeyHash: []byte(key), Fingerprint: []byte("f"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
+		JobID: ledger.NewID(), OwnerHash: []byte(owner), KeyHash: []byte(key), Fingerprint: []byte("f"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{ID: ledger.NewID(), Provider: "p", Lease: time.Minute},
 	}
+}
+
+// again returns p for another request of the same identity: new ids.
+func again(p ledger.ReserveParams) ledger.ReserveParams {
+	p.JobID, p.Attempt.ID = ledger.NewID(), ledger.NewID()
+	return p
 }
 
 // TestServerClock moves miniredis's clock (TIME, and with ClockTTL the keys'
@@ -79,7 +87,7 @@ func TestServerClock(t *testing.T) {
 		t.Errorf("now %v deadline %v, want the server's clock %v plus the lease", r.Now, r.Attempt.Deadline, start)
 	}
 	m.SetTime(start.Add(59 * time.Second))
-	if r, _ := l.Reserve(ctx, p); r.Outcome != ledger.InFlight {
+	if r, _ := l.Reserve(ctx, again(p)); r.Outcome != ledger.InFlight {
 		t.Errorf("before the deadline: %v, want in_flight", r.Outcome)
 	}
 	m.SetTime(start.Add(time.Minute))
@@ -108,7 +116,7 @@ func TestServerClock(t *testing.T) {
 		t.Errorf("completed job's TTL = %v, want its retention", ttl)
 	}
 	m.SetTime(start.Add(time.Minute + time.Hour - time.Microsecond))
-	if r2, _ := l.Reserve(ctx, q); r2.Outcome != ledger.Done || r2.Job.ID != rq.Job.ID {
+	if r2, _ := l.Reserve(ctx, again(q)); r2.Outcome != ledger.Done || r2.Job.ID != rq.Job.ID {
 		t.Errorf("within retention: %v", r2.Outcome)
 	}
 	m.SetTime(start.Add(time.Minute + time.Hour))
@@ -122,7 +130,7 @@ func TestServerClock(t *testing.T) {
 	if m.Exists(l.identKey(identity([]byte("o"), []byte("k2")))) {
 		t.Errorf("the sweeper left the expired job's identity key")
 	}
-	if r2, _ := l.Reserve(ctx, q); r2.Outcome != ledger.Created || r2.Job.ID == rq.Job.ID {
+	if r2, _ := l.Reserve(ctx, again(q)); r2.Outcome != ledger.Created || r2.Job.ID == rq.Job.ID {
 		t.Errorf("after retention: %v %s", r2.Outcome, r2.Job.ID)
 	}
 }
@@ -143,7 +151,7 @@ func TestReplaceInPlace(t *testing.T) {
 	}
 	m.SetTime(start.Add(2 * time.Hour))
 	p.Fingerprint = []byte("another request")
-	r2, err := l.Reserve(ctx, p)
+	r2, err := l.Reserve(ctx, again(p))
 	if err != nil || r2.Outcome != ledger.Created || r2.Job.ID == r.Job.ID {
 		t.Fatalf("reserve after expiry: %v %v", r2.Outcome, err)
 	}
@@ -179,7 +187,7 @@ func TestReopenKeepsJob(t *testing.T) {
 	if m.TTL(l.jobKey(r.Job.ID)) == 0 {
 		t.Errorf("failed job has no TTL")
 	}
-	re, err := l.Reserve(ctx, p)
+	re, err := l.Reserve(ctx, again(p))
 	if err != nil || re.Outcome != ledger.Reopened {
 		t.Fatal(re.Outcome, err)
 	}
@@ -212,7 +220,7 @@ func TestBinarySafe(t *testing.T) {
 	if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: body, Size: 5, Stored: true}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := l.Reserve(ctx, p)
+	d, err := l.Reserve(ctx, again(p))
 	if err != nil || d.Outcome != ledger.Done || string(d.Job.Response.Body) != string(body) {
 		t.Fatalf("replay: %v %+v %v", d.Outcome, d.Job.Response, err)
 	}

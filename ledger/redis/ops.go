@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/near"
 )
 
@@ -41,16 +42,23 @@ func nowOf(a []any, i int) time.Time {
 	return timeOf(s)
 }
 
+// errNoIDs refuses a transition whose ids the caller did not choose: the
+// ledger never makes them up, or a repeat could not be recognized.
+func errNoIDs(what string) error {
+	return fmt.Errorf("redis ledger: %s: the caller must choose the ids (a UUIDv7 job id, attempt ids)", what)
+}
+
 func errUnexpected(what, outcome string) error {
 	return fmt.Errorf("redis ledger: %s returned unexpected outcome %q", what, outcome)
 }
 
 // Reserve implements ledger.Ledger. A replay of a completed job this
 // process read lately is answered from memory: the job cannot change before
-// it expires (see near.Margin).
+// it expires (see near.Margin). A repeat of the call that started one of
+// its attempts goes to the ledger, which answers it as the first call.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
 	key, now := near.Key(p.OwnerHash, p.KeyHash), time.Now()
-	if j := l.replays.Get(key, now); j != nil {
+	if j := l.replays.Get(key, now); j != nil && !holds(j, p.Attempt.ID) {
 		return near.Answer(j, &p, now), nil
 	}
 	r, err := l.reserve(ctx, p)
@@ -60,13 +68,25 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	return l.replays.Remember(key, r, &p, near.Margin), nil
 }
 
+// holds reports whether job j has the attempt id.
+func holds(j *ledger.Job, id string) bool {
+	for i := range j.Attempts {
+		if j.Attempts[i].ID == id {
+			return true
+		}
+	}
+	return false
+}
+
 // reserve runs the reservation in the ledger.
 func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	if !validID(p.JobID) || p.Attempt.ID == "" {
+		return ledger.Reservation{}, errNoIDs("reserve")
+	}
 	ident := identity(p.OwnerHash, p.KeyHash)
-	jobID, attemptID := ledger.NewID(), ledger.NewID()
-	keys := []string{l.identKey(ident), l.jobKey(jobID), l.attemptsKey(jobID), l.idxKey(), l.leasesKey(), l.expiryKey()}
+	keys := []string{l.identKey(ident), l.jobKey(p.JobID), l.attemptsKey(p.JobID), l.idxKey(), l.leasesKey(), l.expiryKey()}
 	outcome, a, err := l.run(ctx, "reserve", scripts.reserve, keys,
-		l.prefix, jobID, attemptID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
+		l.prefix, p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
 		strconv.Itoa(p.FingerprintVersion), p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention))
 	if err != nil {
 		return ledger.Reservation{}, err
@@ -99,7 +119,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 			return ledger.Reservation{}, fmt.Errorf("redis ledger: reserve: attempt %d missing", n)
 		}
 	case ledger.InFlight, ledger.Unknown:
-		r.Attempt = blocking(r.Job)
+		r.Attempt = fsm.Blocking(r.Job)
 	}
 	return r, nil
 }
@@ -109,16 +129,22 @@ func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.N
 	if !validID(ref.JobID) {
 		return ledger.Attempt{}, ledger.ErrNotFound
 	}
-	id := ledger.NewID()
+	if next.ID == "" {
+		return ledger.Attempt{}, errNoIDs("hedge")
+	}
 	outcome, a, err := l.run(ctx, "hedge", scripts.hedge,
 		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
-		l.prefix, strconv.FormatInt(ref.Version, 10), id, next.Provider, micros(next.Lease))
+		l.prefix, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease))
 	if err != nil {
 		return ledger.Attempt{}, err
 	}
 	switch outcome {
 	case "ok":
-		return newAttempt(ref.JobID, id, next.Provider, a), nil
+		at, err := replyAttempt("hedge", ref.JobID, a)
+		if err != nil {
+			return ledger.Attempt{}, err
+		}
+		return *at, nil
 	case "not_found":
 		return ledger.Attempt{}, ledger.ErrNotFound
 	case "stale":
@@ -127,18 +153,12 @@ func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.N
 	return ledger.Attempt{}, errUnexpected("hedge", outcome)
 }
 
-// newAttempt reads {outcome, now, number, job version, deadline}.
-func newAttempt(jobID, id, provider string, a []any) ledger.Attempt {
-	at := ledger.Attempt{ID: id, JobID: jobID, Provider: provider, State: ledger.AttemptStarting, StartedAt: nowOf(a, 1)}
-	if len(a) >= 5 {
-		n, _ := str(a[2])
-		v, _ := str(a[3])
-		dl, _ := str(a[4])
-		at.Number, _ = strconv.Atoi(n)
-		at.JobVersion = int64Of(v)
-		at.Deadline = timeOf(dl)
+// replyAttempt reads {outcome, now, attempt} (attempt_reply in lib.lua).
+func replyAttempt(what, jobID string, a []any) (*ledger.Attempt, error) {
+	if len(a) < 3 {
+		return nil, errReply(what, a)
 	}
-	return at
+	return scriptAttempt(what, jobID, a[2])
 }
 
 // Complete implements ledger.Ledger.
@@ -176,8 +196,9 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 		return ledger.Completion{}, err
 	}
 	won := outcome == "won"
-	if won && j.Response != nil && j.Response.Stored {
-		// The script does not send the body back: it is the one just sent.
+	if fields, _ := array(a[2]); won && len(fields) <= len(jobFields) && j.Response != nil && j.Response.Stored {
+		// The script does not send the body back when it just took the
+		// slot: it is the one just sent.
 		j.Response.Body = resp.Body
 	}
 	return ledger.Completion{Won: won, Job: j}, nil
@@ -225,7 +246,10 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 	}
 	hasNext, nextID, provider, lease := "0", "", "", "0"
 	if next != nil {
-		hasNext, nextID, provider, lease = "1", ledger.NewID(), next.Provider, micros(next.Lease)
+		if next.ID == "" {
+			return nil, errNoIDs("fail")
+		}
+		hasNext, nextID, provider, lease = "1", next.ID, next.Provider, micros(next.Lease)
 	}
 	outcome, a, err := l.run(ctx, "fail", scripts.fail,
 		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
@@ -234,10 +258,23 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 		return nil, err
 	}
 	if outcome == "next" {
-		at := newAttempt(ref.JobID, nextID, provider, a)
-		return &at, nil
+		return replyAttempt("fail", ref.JobID, a)
 	}
 	return nil, simpleOutcome("fail", outcome)
+}
+
+// Unsent implements ledger.Ledger.
+func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
+	if !validID(ref.JobID) {
+		return ledger.ErrNotFound
+	}
+	outcome, _, err := l.run(ctx, "unsent", scripts.unsent,
+		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
+		l.prefix, ref.AttemptID, ledger.ReasonUnsent)
+	if err != nil {
+		return err
+	}
+	return simpleOutcome("unsent", outcome)
 }
 
 // MarkUnknown implements ledger.Ledger.
@@ -266,10 +303,13 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 			return nil, err
 		}
 		cancel, status, body = "0", strconv.Itoa(r.Response.Status), r.Response.Body
+		if r.AttemptID == "" {
+			return nil, errNoIDs("resolve")
+		}
 	}
 	outcome, a, err := l.run(ctx, "resolve", scripts.resolve,
 		[]string{l.jobKey(jobID), l.attemptsKey(jobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, cancel, ledger.NewID(), status, header, body)
+		l.prefix, cancel, r.AttemptID, status, header, body)
 	if err != nil {
 		return nil, err
 	}

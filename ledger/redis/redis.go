@@ -43,6 +43,12 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis ledger: %w", err)
 	}
+	// Never re-send a command on its own: go-redis re-sends after a read
+	// error (EOF, timeout) by default, and a script whose reply was lost
+	// would then run twice. The caller repeats a transition instead, as it
+	// is idempotent by the ids it carries. The pub/sub listener uses this
+	// client too, and resubscribes on its own after a broken connection.
+	o.MaxRetries = -1
 	client := redis.NewClient(o)
 	if err := preload(ctx, client); err != nil {
 		client.Close()

@@ -125,8 +125,8 @@ func TestRoundTrips(t *testing.T) {
 	l.Client().AddHook(h)
 	ctx := context.Background()
 	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("warm-up"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
+		JobID: ledger.NewID(), OwnerHash: []byte("owner"), KeyHash: []byte("warm-up"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{ID: ledger.NewID(), Provider: "p", Lease: time.Minute},
 	}
 	w, err := l.Reserve(ctx, p)
 	if err != nil {
@@ -138,7 +138,7 @@ func TestRoundTrips(t *testing.T) {
 	h.take()
 
 	p.KeyHash = []byte("key")
-	r, err := l.Reserve(ctx, p)
+	r, err := l.Reserve(ctx, again(p))
 	if err != nil || r.Outcome != ledger.Created {
 		t.Fatalf("fresh reserve: %v %v", r.Outcome, err)
 	}
@@ -151,7 +151,7 @@ func TestRoundTrips(t *testing.T) {
 	if n, cmds := h.take(); n != 1 {
 		t.Errorf("complete took %d round trips %v, want 1", n, cmds)
 	}
-	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Done || string(r.Job.Response.Body) != "x" {
+	if r, err := l.Reserve(ctx, again(p)); err != nil || r.Outcome != ledger.Done || string(r.Job.Response.Body) != "x" {
 		t.Fatalf("replay reserve: %v %v", r.Outcome, err)
 	}
 	if n, cmds := h.take(); n != 1 {
@@ -159,12 +159,12 @@ func TestRoundTrips(t *testing.T) {
 	}
 	// Later replays are answered from the process; another request under
 	// the key is refused from there too.
-	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Done || string(r.Job.Response.Body) != "x" {
+	if r, err := l.Reserve(ctx, again(p)); err != nil || r.Outcome != ledger.Done || string(r.Job.Response.Body) != "x" {
 		t.Fatalf("second replay reserve: %v %v", r.Outcome, err)
 	}
 	other := p
 	other.Fingerprint = []byte("another request")
-	if r, err := l.Reserve(ctx, other); err != nil || r.Outcome != ledger.Mismatch {
+	if r, err := l.Reserve(ctx, again(other)); err != nil || r.Outcome != ledger.Mismatch {
 		t.Fatalf("another request under the key: %v %v", r.Outcome, err)
 	}
 	if n, cmds := h.take(); n != 0 {
@@ -188,8 +188,8 @@ func TestPubSubReconnects(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
+		JobID: ledger.NewID(), OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{ID: ledger.NewID(), Provider: "p", Lease: time.Minute},
 	}
 	r, err := l.Reserve(ctx, p)
 	if err != nil {
@@ -231,7 +231,7 @@ func TestPubSubReconnects(t *testing.T) {
 	// A new waiter on the new subscription is woken too.
 	q := p
 	q.KeyHash = []byte("key2")
-	r2, err := l.Reserve(ctx, q)
+	r2, err := l.Reserve(ctx, again(q))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,10 +279,28 @@ func TestScriptCacheFlushed(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
+		JobID: ledger.NewID(), OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{ID: ledger.NewID(), Provider: "p", Lease: time.Minute},
 	}
 	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Created {
 		t.Fatalf("reserve after SCRIPT FLUSH: %v %v", r.Outcome, err)
 	}
+}
+
+// TestRealServerNeverResends and TestRealServerCompleteReplyLost lose a
+// script's reply between the real server and the ledger's client.
+func TestRealServerNeverResends(t *testing.T) {
+	o, err := redis.ParseURL(url(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkNeverResends(t, o.Addr, o.DB, newPrefix(t))
+}
+
+func TestRealServerCompleteReplyLost(t *testing.T) {
+	o, err := redis.ParseURL(url(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCompleteReplyLost(t, o.Addr, o.DB, newPrefix(t))
 }

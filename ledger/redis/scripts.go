@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 //go:embed scripts/*.lua
@@ -20,6 +22,10 @@ var jobFields = []string{
 	"created", "done", "exp", "n", "status", "hdr", "size", "stored",
 }
 
+// attemptFields are the names of an attempt's fields in the attempts hash
+// ("<number>:<name>"), in the order scripts return one attempt.
+var attemptFields = []string{"id", "p", "s", "v", "t0", "dl", "t1", "e"}
+
 // script is a Lua script with its source, which preload sends.
 type script struct {
 	*redis.Script
@@ -28,7 +34,7 @@ type script struct {
 
 // scriptSet holds the transition scripts, each lib.lua plus its own file.
 type scriptSet struct {
-	reserve, complete, saveBody, fail, markUnknown, hedge, resolve, sweepScan, sweep script
+	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resolve, sweepScan, sweep script
 }
 
 var scripts = buildScripts()
@@ -44,6 +50,8 @@ func buildScripts() scriptSet {
 	}
 	b.WriteString("local JOB_FIELDS = {" + quote(jobFields) + "}\n")
 	b.WriteString("local JOB_FIELDS_BODY = {" + quote(append(jobFields[:len(jobFields):len(jobFields)], "body")) + "}\n")
+	b.WriteString("local ATTEMPT_FIELDS = {" + quote(attemptFields) + "}\n")
+	b.WriteString("local LEASE_EXPIRED = " + strconv.Quote(ledger.ReasonLeaseExpired) + "\n")
 	b.WriteString(read("lib.lua"))
 	lib := b.String()
 	mk := func(name string) script {
@@ -55,6 +63,7 @@ func buildScripts() scriptSet {
 		complete:    mk("complete.lua"),
 		saveBody:    mk("save_body.lua"),
 		fail:        mk("fail.lua"),
+		unsent:      mk("unsent.lua"),
 		markUnknown: mk("mark_unknown.lua"),
 		hedge:       mk("hedge.lua"),
 		resolve:     mk("resolve.lua"),
@@ -72,7 +81,7 @@ func read(name string) string {
 }
 
 func (s scriptSet) all() []script {
-	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.markUnknown, s.hedge, s.resolve, s.sweepScan, s.sweep}
+	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resolve, s.sweepScan, s.sweep}
 }
 
 // preload loads every script into the server's script cache in one round

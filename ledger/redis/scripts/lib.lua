@@ -1,6 +1,7 @@
 -- lib.lua: helpers shared by every transition script; scripts.go prepends
--- it (after the generated JOB_FIELDS line) to each script. The rules follow
--- ledger/internal/fsm exactly. Times are microseconds since the epoch by the
+-- it (after the generated constants: JOB_FIELDS, JOB_FIELDS_BODY,
+-- ATTEMPT_FIELDS, LEASE_EXPIRED) to each script. The rules follow
+-- ledger/internal/fsm exactly, and live here once. Times are microseconds since the epoch by the
 -- server's clock (TIME); numbers are written back with fmt so that Lua never
 -- prints them in exponent notation.
 
@@ -50,6 +51,15 @@ end
 -- its keys until the script ends.
 local function expired(J, now)
 	return J.expn ~= nil and now >= J.expn
+end
+
+-- load_current reads a job that exists and has not expired, or nil.
+local function load_current(jkey, akey, now)
+	local J = load_job(jkey, akey)
+	if not J or expired(J, now) then
+		return nil
+	end
+	return J
 end
 
 -- load_attempts reads the job's attempts into an array indexed by number.
@@ -103,26 +113,45 @@ local function has_live(J, A, except)
 	return false
 end
 
--- has_active: an attempt other than except is starting or unknown.
-local function has_active(J, A, except)
+-- running: attempt a is starting or unknown (it may still act, or win).
+local function running(a)
+	return a.s == 'starting' or a.s == 'unknown'
+end
+
+-- has_running: an attempt is starting or unknown.
+local function has_running(J, A)
 	for i = 1, J.n do
-		local s = A[i].s
-		if A[i].id ~= except and (s == 'starting' or s == 'unknown') then
+		if running(A[i]) then
 			return true
 		end
 	end
 	return false
 end
 
--- acted: an attempt may have acted without a result kept (unknown, or its
--- result came too late: lost).
-local function acted(J, A)
+-- blocks: attempt a blocks new attempts (SPEC rule 1): it is starting or
+-- unknown, or it is lost while no attempt has won and no operator settled
+-- the job since it started (a cancel, and the re-open it allows, increment
+-- the version). A cancelled attempt never blocks (fsm.Blocks).
+local function blocks(J, a)
+	if running(a) then
+		return true
+	end
+	return a.s == 'lost' and J.by == '' and tonumber(a.v) == J.ver
+end
+
+-- blocks_any: an attempt other than except blocks new attempts.
+local function blocks_any(J, A, except)
 	for i = 1, J.n do
-		if A[i].s == 'unknown' or A[i].s == 'lost' then
+		if A[i].id ~= except and blocks(J, A[i]) then
 			return true
 		end
 	end
 	return false
+end
+
+-- settled: the job has a result or was failed; no attempt can start or win.
+local function settled(J)
+	return J.by ~= '' or J.state == 'completed' or J.state == 'failed'
 end
 
 -- apply_leases records starting attempts whose deadline passed as unknown,
@@ -132,11 +161,11 @@ local function apply_leases(J, A, now)
 	for i = 1, J.n do
 		local a = A[i]
 		if a.s == 'starting' and now >= a.dl then
-			finish(J, a, 'unknown', 'lease expired', a.dl)
+			finish(J, a, 'unknown', LEASE_EXPIRED, a.dl)
 			n = n + 1
 		end
 	end
-	if J.state == 'pending' and J.by == '' and not has_live(J, A, nil) and acted(J, A) then
+	if J.state == 'pending' and J.by == '' and not has_live(J, A, nil) and blocks_any(J, A, nil) then
 		set_state(J, 'unknown')
 	end
 	return n
@@ -198,4 +227,61 @@ local function job_reply(J, with_body)
 		return redis.call('HMGET', J.jkey, unpack(JOB_FIELDS_BODY))
 	end
 	return redis.call('HMGET', J.jkey, unpack(JOB_FIELDS))
+end
+
+-- job_answer is a script's reply that carries the job as it is now:
+-- {outcome, now, job fields (and body), attempts as a flat hash}.
+local function job_answer(outcome, now, J, with_body)
+	return {outcome, fmt(now), job_reply(J, with_body), redis.call('HGETALL', J.akey)}
+end
+
+-- attempt_reply returns attempt a as it is now: its number, then its fields
+-- in ATTEMPT_FIELDS order (false where absent).
+local function attempt_reply(J, a)
+	local f = {}
+	for i, name in ipairs(ATTEMPT_FIELDS) do
+		f[i] = a.n .. ':' .. name
+	end
+	local r = redis.call('HMGET', J.akey, unpack(f))
+	table.insert(r, 1, fmt(a.n))
+	return r
+end
+
+-- bump increments the job's version.
+local function bump(J)
+	J.ver = J.ver + 1
+	redis.call('HSET', J.jkey, 'ver', fmt(J.ver))
+end
+
+-- win gives the result slot to attempt a with this answer: the job
+-- completes, the attempt succeeds. The caller bumped the version.
+local function win(J, a, status, hdr, body, size, stored, now)
+	J.by = a.id
+	redis.call('HSET', J.jkey, 'by', a.id, 'status', status, 'hdr', hdr, 'body', body,
+		'size', size, 'stored', stored)
+	settle(J, 'completed', now)
+	finish(J, a, 'succeeded', '', now)
+end
+
+-- after_failure starts the next attempt (next: {id, provider, lease}), or
+-- fails the job, once attempt a failed; when something blocks, the job is
+-- left unknown if nothing else runs (fsm.afterFailure). It returns the
+-- reply: {'next', now, attempt}, {'blocked'} or {'ok'}.
+local function after_failure(J, A, a, next, now)
+	if settled(J) or blocks_any(J, A, a.id) then
+		apply_leases(J, A, now)
+		if next then
+			return {'blocked'}
+		end
+		return {'ok'}
+	end
+	if next then
+		if J.state ~= 'pending' then
+			set_state(J, 'pending')
+		end
+		local n = add_attempt(J, A, next.id, next.provider, next.lease, now)
+		return {'next', fmt(now), attempt_reply(J, n)}
+	end
+	settle(J, 'failed', now)
+	return {'ok'}
 end

@@ -5,8 +5,8 @@
 -- ARGV: prefix, attempt id, reason
 CTX.leases, CTX.channel = KEYS[3], ARGV[1] .. 'jobs'
 local now = now_us()
-local J = load_job(KEYS[1], KEYS[2])
-if not J or expired(J, now) then
+local J = load_current(KEYS[1], KEYS[2], now)
+if not J then
 	return 'not_found'
 end
 local A = load_attempts(J)

@@ -1,7 +1,10 @@
--- reserve creates the job for (owner, key) with attempt 1, or reports what
--- exists: a mismatch, a completed job, an attempt in flight or unknown. A
--- failed job is re-opened with a new attempt; an expired (or vanished) job
--- is replaced in place: the identity key then names a new job id.
+-- reserve creates the job for (owner, key) with its first attempt, or
+-- reports what exists: a mismatch, a completed job, an attempt in flight or
+-- unknown. A failed job is re-opened with the given attempt; an expired (or
+-- vanished) job is replaced in place: the identity key then names the given
+-- job id. A repeat finds the given attempt in the job and answers created
+-- (attempt 1) or reopened again, with the attempt as it is now
+-- (fsm.Reserve).
 --
 -- KEYS: identity, new job, new job's attempts, idx, leases, expiry
 -- ARGV: prefix, job id, attempt id, owner hash, key hash, identity (hex),
@@ -16,21 +19,29 @@ local lease = tonumber(ARGV[10])
 
 local id = redis.call('GET', KEYS[1])
 if id then
-	local J = load_job(prefix .. 'j:' .. id, prefix .. 'a:' .. id)
-	if J and not expired(J, now) then
+	local J = load_current(prefix .. 'j:' .. id, prefix .. 'a:' .. id, now)
+	if J then
 		if J.fpv ~= ARGV[8] or J.fp ~= ARGV[7] then
 			return {'mismatch', fmt(now), {J.id, J.state, J.created}}
 		end
 		local A = load_attempts(J)
 		apply_leases(J, A, now)
 		local outcome, num = nil, 0
-		if J.state == 'completed' or J.by ~= '' then
+		local mine = find(J, A, ARGV[3])
+		if mine then
+			-- A repeat: this call's attempt exists, as the first call left
+			-- it or as it went on since.
+			num = mine.n
+			outcome = 'created'
+			if num > 1 then
+				outcome = 'reopened'
+			end
+		elseif J.state == 'completed' or J.by ~= '' then
 			outcome = 'done'
 		elseif J.state == 'failed' then
-			J.ver = J.ver + 1
+			bump(J)
 			J.expn = nil
-			redis.call('HSET', J.jkey, 'state', 'pending', 'ver', fmt(J.ver))
-			J.state = 'pending'
+			set_state(J, 'pending')
 			redis.call('HDEL', J.jkey, 'done', 'exp')
 			redis.call('PERSIST', J.jkey)
 			redis.call('PERSIST', J.akey)
@@ -43,9 +54,13 @@ if id then
 			outcome = 'unknown'
 		end
 		reindex(J, A)
-		return {outcome, fmt(now), job_reply(J, true), redis.call('HGETALL', J.akey), num}
+		local reply = job_answer(outcome, now, J, true)
+		reply[5] = num
+		return reply
 	end
-	-- Gone or expired: remove what is left, and create the job anew.
+	-- Gone or expired: remove what is left, and create the job anew (a
+	-- repeat of the call that created the expired job creates it again,
+	-- as the first call would now).
 	redis.call('DEL', prefix .. 'j:' .. id, prefix .. 'a:' .. id)
 	redis.call('ZREM', KEYS[4], id)
 	redis.call('ZREM', CTX.leases, id)
@@ -53,6 +68,11 @@ if id then
 	redis.call('PUBLISH', CTX.channel, id)
 end
 
+if redis.call('EXISTS', KEYS[2]) == 1 then
+	-- The caller chose an id another key's job holds: never merge them.
+	return redis.error_reply('job id ' .. ARGV[2] .. ' is taken by another key')
+end
+redis.call('DEL', KEYS[3]) -- attempts of a job whose hash is gone
 local J = {jkey = KEYS[2], akey = KEYS[3], id = ARGV[2], ident = ARGV[6], ver = 1, n = 0,
 	state = 'pending', by = '', ret = tonumber(ARGV[11])}
 J.state0 = J.state
@@ -64,4 +84,6 @@ redis.call('ZADD', KEYS[4], '0', J.id)
 local A = {}
 add_attempt(J, A, ARGV[3], ARGV[9], lease, now)
 reindex(J, A)
-return {'created', fmt(now), job_reply(J, false), redis.call('HGETALL', J.akey), 1}
+local reply = job_answer('created', now, J, false)
+reply[5] = 1
+return reply

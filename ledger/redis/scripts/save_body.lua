@@ -4,8 +4,8 @@
 -- KEYS: job
 -- ARGV: attempt id, body, size, stored
 local now = now_us()
-local J = load_job(KEYS[1], '')
-if not J or expired(J, now) then
+local J = load_current(KEYS[1], '', now)
+if not J then
 	return 'not_found'
 end
 if J.by ~= ARGV[1] or not J.status then

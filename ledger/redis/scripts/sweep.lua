@@ -14,9 +14,9 @@ local nl, ne = tonumber(ARGV[2]), tonumber(ARGV[3])
 local unknown, removed = 0, 0
 local k = 4
 for i = 1, nl do
-	local J = load_job(KEYS[k], KEYS[k + 1])
+	local J = load_current(KEYS[k], KEYS[k + 1], now)
 	k = k + 2
-	if not J or expired(J, now) then
+	if not J then
 		redis.call('ZREM', CTX.leases, ARGV[3 + i])
 	else
 		local A = load_attempts(J)
@@ -31,8 +31,7 @@ for i = 1, ne do
 	local score = redis.call('ZSCORE', CTX.expiry, m)
 	if score and tonumber(score) <= now then
 		local id = string.sub(m, 1, string.find(m, '|', 1, true) - 1)
-		local J = load_job(jkey, akey)
-		if not J or expired(J, now) then
+		if not load_current(jkey, akey, now) then
 			redis.call('DEL', jkey, akey)
 			redis.call('ZREM', KEYS[1], id)
 			redis.call('ZREM', CTX.leases, id)

@@ -1,0 +1,32 @@
+-- unsent records that an attempt was never sent: it becomes failed, even
+-- after its lease made it unknown, as long as nothing else touched the job
+-- (its lease ran out untouched, the job's version is the one the attempt
+-- read, no result won, no later attempt started); the job becomes failed
+-- when nothing else blocks it. An attempt already failed is a repeat
+-- (fsm.Unsent).
+--
+-- KEYS: job, attempts, leases, expiry
+-- ARGV: prefix, attempt id, reason (ledger.ReasonUnsent)
+CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
+local now = now_us()
+local J = load_current(KEYS[1], KEYS[2], now)
+if not J then
+	return 'not_found'
+end
+local A = load_attempts(J)
+apply_leases(J, A, now)
+local a = find(J, A, ARGV[2])
+local reply = 'ok'
+if not a then
+	reply = 'not_found'
+elseif a.s == 'failed' then
+	reply = 'ok' -- a repeat, or a failure recorded otherwise: either way not sent
+elseif a.s == 'starting' or (a.s == 'unknown' and a.e == LEASE_EXPIRED and
+		J.ver == tonumber(a.v) and J.by == '' and a.n == J.n) then
+	finish(J, a, 'failed', ARGV[3], now)
+	after_failure(J, A, a, nil, now)
+else
+	reply = 'stale'
+end
+reindex(J, A)
+return reply
