@@ -26,7 +26,6 @@ type final struct {
 	won      bool             // the answer won the result slot
 	job      *ledger.Job      // the job after a lost CAS
 	sent     bool             // the answer already went to the client
-	cut      bool             // the answer that went out ended early
 	contract bool             // the reason is a contract breach
 	storeErr error            // the ledger could not record the outcome
 }
@@ -54,6 +53,7 @@ type runner struct {
 	client *client
 	wake   chan struct{} // a value after each change the client watches
 	done   chan struct{} // closed once out is decided
+	ended  chan struct{} // closed when an answer passing through ends
 
 	mu        sync.Mutex
 	current   ledger.Attempt  // the attempt attempt_timeout watches
@@ -61,6 +61,7 @@ type runner struct {
 	attempts  map[string]ledger.Attempt
 	timedOut  bool // the client was told 504: no failover, no hedge
 	streaming bool // an answer is passing through to the client
+	streamCut bool // that answer ended early
 	decided   bool
 	out       final
 }
@@ -71,6 +72,7 @@ func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w h
 		client:   &client{w: w},
 		wake:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
+		ended:    make(chan struct{}),
 		current:  first, // known before the runner starts, for an early timeout
 		running:  map[string]bool{},
 		attempts: map[string]ledger.Attempt{},
@@ -92,9 +94,13 @@ func (rn *runner) watched() (ledger.Attempt, bool) {
 	return rn.current, rn.answering()
 }
 
-// answering reports whether a running attempt has answer headers, which
-// stops attempt_timeout and the hedge timer. rn.mu must be held.
+// answering reports whether a running attempt has answer headers, or an
+// answer is passing through to the client, which stops attempt_timeout and
+// the hedge timer. rn.mu must be held.
 func (rn *runner) answering() bool {
+	if rn.streaming {
+		return true
+	}
 	for _, headers := range rn.running {
 		if headers {
 			return true
@@ -138,6 +144,32 @@ func (rn *runner) timeout(att ledger.Attempt) bool {
 		rn.m.markUnknown(a, "attempt_timeout: no answer headers in "+rn.m.cfg.AttemptTimeout.String())
 	}
 	return true
+}
+
+// started reports whether an answer's headers went out to the client:
+// from then on that answer is the client's, whatever else happens.
+func (rn *runner) started() bool {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	return rn.streaming
+}
+
+// endStream records that the answer passing through to the client ended,
+// whole or cut short.
+func (rn *runner) endStream(cut bool) {
+	rn.mu.Lock()
+	rn.streamCut = cut
+	rn.mu.Unlock()
+	close(rn.ended)
+}
+
+// streamEnded waits for the end of the answer passing through to the
+// client and reports whether it was cut short.
+func (rn *runner) streamEnded() (cut bool) {
+	<-rn.ended
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	return rn.streamCut
 }
 
 // leave detaches the client unless an answer is streaming to it; it
@@ -481,7 +513,9 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) result {
 					zap.String("attempt_id", att.ID), zap.Int64("size", c.size), zap.Bool("cut_short", cut))
 			}
 		}
-		hc.cut = cut
+		if hc.sent {
+			rn.endStream(cut)
+		}
 		if hc.verdict == fallback.Failed {
 			res.verdict, res.reason = fallback.Failed, hc.reason
 		} else {

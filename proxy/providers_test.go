@@ -831,3 +831,45 @@ func TestFailedHedgeKeepsTheTimeout(t *testing.T) {
 	h.waitRun()
 	wantJob(t, h.job(prob.JobID), ledger.JobCompleted, "primary/succeeded fallback/failed")
 }
+
+// A definitive failure streamed to the client (no provider left to fail
+// over to) is the client's answer once its headers went out: a timer that
+// fires later must not write a gateway problem into it.
+func TestNoGatewayErrorInsideAStartedAnswer(t *testing.T) {
+	flushed := make(chan struct{}, 1)
+	g := newGate(t)
+	failing := func(w http.ResponseWriter, _ *http.Request, _ int) error {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "data: busy\n\n")
+		w.(http.Flusher).Flush()
+		flushed <- struct{}{}
+		<-g.ch
+		_, err := io.WriteString(w, "data: bye\n\n")
+		return err
+	}
+	only := &fakeUpstream{fn: failing}
+	h := newHarness(t, Config{
+		AttemptTimeout: 50 * time.Millisecond, AttemptDeadline: patience,
+		Providers: []Provider{{Name: primaryName, Handler: only}},
+	}, nil)
+	srv := serveHarness(t, h, g)
+	resp := postTo(t, srv, "k")
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want the provider's 503", resp.StatusCode)
+	}
+	body := bufio.NewReader(resp.Body)
+	readN(t, body, len("data: busy\n\n"))
+	recv(t, flushed, "the provider's flush")
+	time.Sleep(200 * time.Millisecond) // attempt_timeout passes while the answer streams
+	g.open()
+	rest, err := io.ReadAll(body)
+	if err != nil || string(rest) != "data: bye\n\n" {
+		t.Fatalf("rest of the answer %q, %v; want the provider's own bytes only", rest, err)
+	}
+	h.waitRun()
+	if j := onlyJob(t, h.l); j.State != ledger.JobFailed {
+		t.Errorf("job %s, want failed", j.State)
+	}
+}

@@ -253,10 +253,15 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 		}
 		select {
 		case <-rn.done:
-			if rn.out.sent && rn.out.cut {
-				// The answer went out and ended early: abort the
-				// connection, so that the client sees it cut short.
-				panic(http.ErrAbortHandler)
+			if rn.started() {
+				// An answer's headers went out: it is the client's answer,
+				// whatever the run decided. Once it ends early, abort the
+				// connection, so that the client sees it cut short; never
+				// write a gateway answer into it.
+				if rn.streamEnded() {
+					panic(http.ErrAbortHandler)
+				}
+				return nil
 			}
 			m.answer(w, r, rn.out, res.Job.ID)
 			return nil
@@ -275,7 +280,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 			if rn.leave() {
 				return nil
 			}
-			<-rn.done // an answer is streaming: wait for its end
+			rn.streamEnded() // an answer is streaming: wait for its end
 			return nil
 		}
 	}
