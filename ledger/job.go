@@ -65,6 +65,10 @@ type Job struct {
 	ExpiresAt   time.Time // zero while the job cannot expire
 	Response    *Response // the winner's answer; nil while none
 	Attempts    []Attempt // oldest first; may be empty in listings
+	// ReadAt is the ledger's clock when this copy was read (by Job and
+	// Wait); zero where the ledger did not say. Whoever compares the job's
+	// times with "now" uses it, never the local clock.
+	ReadAt time.Time
 }
 
 // Expired reports whether the job's retention has passed at now.

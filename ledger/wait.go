@@ -9,16 +9,20 @@ import (
 // no longer pending. read returns the job with leases applied, the ledger's
 // clock at the read, and a channel that receives (or closes) on the job's
 // next change; the caller subscribes before the first read. Between reads
-// it also wakes when the earliest lease runs out.
+// it also wakes when the earliest lease runs out. The job it returns has
+// ReadAt set: the ledger's clock at the read, moved on by the time waited
+// since (measured, not read off the local clock).
 func WaitSettled(ctx context.Context, read func() (*Job, time.Time, <-chan struct{}, error)) (*Job, error) {
 	for {
 		j, now, changed, err := read()
 		if err != nil {
 			return nil, err
 		}
+		j.ReadAt = now
 		if j.State != JobPending {
 			return j, nil
 		}
+		readAt := time.Now()
 		var (
 			timer  *time.Timer
 			expire <-chan time.Time
@@ -37,6 +41,7 @@ func WaitSettled(ctx context.Context, read func() (*Job, time.Time, <-chan struc
 			timer.Stop()
 		}
 		if err != nil {
+			j.ReadAt = now.Add(time.Since(readAt))
 			return j, err
 		}
 	}

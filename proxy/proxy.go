@@ -167,7 +167,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 			withDetail("This key was used for a different request.").withJob(jobID).Write(w)
 	case ledger.Done:
 		m.cfg.Observer.Request("replayed")
-		m.replay(w, r, res.Job)
+		m.replay(w, r, res.Job, res.Now)
 	case ledger.InFlight:
 		if m.cfg.InFlightReject {
 			m.cfg.Observer.Request("rejected")
@@ -299,7 +299,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 		}
 		// Lost: another answer won, or the job was settled meanwhile.
 		if out.job != nil && out.job.Response != nil && out.job.State == ledger.JobCompleted {
-			m.replay(w, r, out.job)
+			m.replay(w, r, out.job, time.Time{}) // read just now
 			return
 		}
 		problem(http.StatusConflict, ProblemOutcomeUnknown, "Result discarded").
@@ -351,9 +351,10 @@ func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replay
 }
 
 // replay sends a completed job's stored answer, or 409 when it was not
-// stored.
-func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job) {
-	if j.Response != nil && !j.Response.Stored && j.Response.Size < 0 && time.Since(j.CompletedAt) < m.cfg.AttemptDeadline {
+// stored. now is the ledger's clock when j was read; zero when j was read
+// just now.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time) {
+	if j.Response != nil && !j.Response.Stored && j.Response.Size < 0 && (now.IsZero() || now.Sub(j.CompletedAt) < m.cfg.AttemptDeadline) {
 		// The answer won while it was still streaming to its first
 		// client; its body is not recorded yet.
 		problem(http.StatusConflict, ProblemInFlight, "Answer still streaming").
@@ -383,10 +384,11 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string) 
 	case errors.Is(err, context.DeadlineExceeded):
 		m.cfg.Observer.Request("conflict")
 		var a *ledger.Attempt
+		now := time.Time{}
 		if j != nil {
-			a = latest(j)
+			a, now = latest(j), j.ReadAt
 		}
-		m.inFlight(w, jobID, a, time.Now())
+		m.inFlight(w, jobID, a, now)
 	case errors.Is(err, ledger.ErrNotFound):
 		m.cfg.Observer.Request("conflict")
 		problem(http.StatusConflict, ProblemInFlight, "Request in flight").
@@ -398,7 +400,7 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string) 
 			withJob(jobID).retry(time.Second).Write(w)
 	case j.State == ledger.JobCompleted:
 		m.cfg.Observer.Request("waited")
-		m.replay(w, r, j)
+		m.replay(w, r, j, j.ReadAt)
 	case j.State == ledger.JobFailed:
 		m.cfg.Observer.Request("waited")
 		problem(http.StatusServiceUnavailable, ProblemAttemptFailed, "Attempt failed").
@@ -406,7 +408,7 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string) 
 			withJob(jobID).retry(time.Second).Write(w)
 	default:
 		m.cfg.Observer.Request("unknown")
-		m.unknown(w, jobID, latest(j), time.Now())
+		m.unknown(w, jobID, latest(j), j.ReadAt)
 	}
 }
 
@@ -421,10 +423,11 @@ func latest(j *ledger.Job) *ledger.Attempt {
 	return a
 }
 
-// inFlight answers 409 for a job whose attempt is still running.
+// inFlight answers 409 for a job whose attempt is still running. now is
+// the ledger's clock: Retry-After is computed from ledger times only.
 func (m *Middleware) inFlight(w http.ResponseWriter, jobID string, a *ledger.Attempt, now time.Time) {
 	retry := time.Second
-	if a != nil {
+	if a != nil && !now.IsZero() {
 		retry = max(min(a.StartedAt.Add(m.cfg.AttemptTimeout).Sub(now), a.Deadline.Sub(now)), time.Second)
 	}
 	problem(http.StatusConflict, ProblemInFlight, "Request in flight").
@@ -432,11 +435,16 @@ func (m *Middleware) inFlight(w http.ResponseWriter, jobID string, a *ledger.Att
 }
 
 // unknown answers 409 for a job whose outcome is unknown: Retry-After until
-// the attempt's deadline, when a late result may still come; none after.
+// the attempt's deadline by the ledger's clock (now), when a late result
+// may still come; none after.
 func (m *Middleware) unknown(w http.ResponseWriter, jobID string, a *ledger.Attempt, now time.Time) {
 	p := problem(http.StatusConflict, ProblemOutcomeUnknown, "Outcome unknown").
 		withDetail("An attempt's outcome is unknown; no new attempt starts until it is resolved.").withJob(jobID)
-	if a != nil && a.Deadline.After(now) {
+	switch {
+	case a == nil:
+	case now.IsZero():
+		p.retry(time.Second) // the ledger did not say its time
+	case a.Deadline.After(now):
 		p.retry(a.Deadline.Sub(now))
 	}
 	p.Write(w)

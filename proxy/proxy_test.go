@@ -739,9 +739,14 @@ func TestInFlightReject(t *testing.T) {
 }
 
 // waitScenario starts a first request whose upstream blocks until release,
-// then a duplicate that waits; it returns both answers' channels.
+// then a duplicate that waits; it returns both answers' channels. A
+// *memory.Ledger in cfg is used, else a new one.
 func waitScenario(t *testing.T, cfg Config, answer upstreamFunc) (h *harness, release chan struct{}, first, dup <-chan *httptest.ResponseRecorder) {
-	hl := &hookLedger{Ledger: memory.New(), waits: make(chan string, 4)}
+	ml, ok := cfg.Ledger.(*memory.Ledger)
+	if !ok {
+		ml = memory.New()
+	}
+	hl := &hookLedger{Ledger: ml, waits: make(chan string, 4)}
 	cfg.Ledger = hl
 	entered := make(chan struct{}, 1)
 	release = make(chan struct{})

@@ -432,7 +432,10 @@ func (l *Ledger) get(jobID string) (*ledger.Job, time.Time, <-chan struct{}, err
 
 // Job implements ledger.Ledger.
 func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
-	j, _, _, err := l.get(jobID)
+	j, now, _, err := l.get(jobID)
+	if j != nil {
+		j.ReadAt = now
+	}
 	return j, err
 }
 

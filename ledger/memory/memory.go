@@ -189,7 +189,11 @@ func (l *Ledger) get(jobID string) (*ledger.Job, <-chan struct{}, error) {
 
 // Job implements ledger.Ledger.
 func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
+	now := l.now()
 	j, _, err := l.get(jobID)
+	if j != nil {
+		j.ReadAt = now
+	}
 	return j, err
 }
 

@@ -98,7 +98,10 @@ func (l *Ledger) load(ctx context.Context, jobID string) (*ledger.Job, time.Time
 
 // Job implements ledger.Ledger.
 func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
-	j, _, err := l.load(ctx, jobID)
+	j, now, err := l.load(ctx, jobID)
+	if j != nil {
+		j.ReadAt = now
+	}
 	return j, err
 }
 
