@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -343,12 +344,6 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 			return d.Errf("provider %q is defined twice", name)
 		}
 	}
-	for _, tok := range seg[3:] {
-		if tok.Text == "retry_match" {
-			return fmt.Errorf("provider %s: reverse_proxy retry_match re-sends requests the ledger never saw; it is not allowed inside a provider, at %s:%d",
-				name, tok.File, tok.Line)
-		}
-	}
 	tokens := append(caddyfile.Segment{seg[0]}, seg[2:]...)
 	sub, err := httpcaddyfile.ParseSegmentAsSubroute(helper.WithDispenser(caddyfile.NewDispenser(tokens)))
 	if err != nil {
@@ -358,8 +353,34 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 	if !ok {
 		return fmt.Errorf("provider %s (line %d): unexpected handler %T", name, line, sub)
 	}
+	// The rule Provision applies to JSON, applied here too for the error's
+	// file and line.
+	if err := refuseResends(sr.Routes); err != nil {
+		return wrapAt(resendToken(seg, err), fmt.Errorf("provider %s: %w", name, err))
+	}
 	h.Providers = append(h.Providers, &Provider{Name: name, Routes: sr.Routes})
 	return nil
+}
+
+// resendToken is where a refused reverse_proxy option is written in a
+// provider's segment: the option's own line, else the provider's.
+func resendToken(seg caddyfile.Segment, err error) caddyfile.Token {
+	var re *resendError
+	if errors.As(err, &re) {
+		for _, tok := range seg[2:] {
+			if tok.Text == re.Subdirective {
+				return tok
+			}
+		}
+	}
+	return seg[0]
+}
+
+// wrapAt adds the token's file and line to err, as the dispenser does.
+func wrapAt(tok caddyfile.Token, err error) error {
+	d := caddyfile.NewDispenser(caddyfile.Segment{tok})
+	d.Next()
+	return d.WrapErr(err)
 }
 
 func (h *Handler) parseInFlight(d *caddyfile.Dispenser, args []string) error {

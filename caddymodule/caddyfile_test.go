@@ -216,8 +216,8 @@ func TestAdaptProviders(t *testing.T) {
 
 func TestAdaptProviderErrors(t *testing.T) {
 	for _, tc := range []struct{ name, in, want string }{
-		{"retry_match", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1 {\n\t\t\t\tlb_retries 2\n\t\t\t\tretry_match {\n\t\t\t\t\tmethod POST\n\t\t\t\t}\n\t\t\t}\n\t\t}\n\t}\n}\n",
-			"it is not allowed inside a provider, at Caddyfile:6"},
+		{"lb_retry_match", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1 {\n\t\t\t\tlb_retries 2\n\t\t\t\tlb_retry_match {\n\t\t\t\t\tmethod POST\n\t\t\t\t}\n\t\t\t}\n\t\t}\n\t}\n}\n",
+			"remove it (reverse_proxy may still retry what never left), at Caddyfile:6"},
 		{"no name", ":8080 {\n\tidempotency {\n\t\tprovider {\n\t\t\treverse_proxy 127.0.0.1:1\n\t\t}\n\t}\n}\n", "usage: provider <name>"},
 		{"no block", ":8080 {\n\tidempotency {\n\t\tprovider a\n\t}\n}\n", "expected a block"},
 		{"twice", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1\n\t\t}\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:2\n\t\t}\n\t}\n}\n", `provider "a" is defined twice`},

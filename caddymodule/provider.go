@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,9 +14,13 @@ import (
 // Provider is one upstream a job's attempts can go to: its own list of
 // routes, as in a subroute (usually a reverse_proxy).
 type Provider struct {
-	// Name identifies the provider in the ledger, logs and metrics.
+	// Name identifies the provider in the ledger, logs and metrics; it is
+	// unique within its handler. Providers of the same name in two
+	// handlers are kept apart by each handler's scope.
 	Name string `json:"name"`
-	// Routes handle the provider's attempts.
+	// Routes handle the provider's attempts. A reverse_proxy among them
+	// must not send a request again on its own: retry_match and
+	// request_buffers are refused.
 	Routes caddyhttp.RouteList `json:"routes,omitempty"`
 
 	handler caddyhttp.Handler
@@ -26,11 +31,13 @@ type Provider struct {
 var errNoAnswer = errors.New("no handler of the provider answered")
 
 func (p *Provider) provision(ctx caddy.Context) error {
-	if err := p.Routes.Provision(ctx); err != nil {
+	// Judged on the routes as configured, before provisioning drops their
+	// JSON and before any health check starts.
+	if err := refuseResends(p.Routes); err != nil {
 		return fmt.Errorf("provider %s: %w", p.Name, err)
 	}
-	if err := refuseRetries(p.Name, p.Routes); err != nil {
-		return err
+	if err := p.Routes.Provision(ctx); err != nil {
+		return fmt.Errorf("provider %s: %w", p.Name, err)
 	}
 	p.handler = p.Routes.Compile(caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
 		return fmt.Errorf("provider %s: %w", p.Name, errNoAnswer)
@@ -43,22 +50,104 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	return p.handler.ServeHTTP(w, r)
 }
 
-// refuseRetries rejects a reverse_proxy that re-sends requests on its own
-// (retry_match): each send to a provider must be an attempt in the ledger.
-func refuseRetries(provider string, routes caddyhttp.RouteList) error {
+// resendError is a reverse_proxy option that would send a request again
+// below the gateway: a send the ledger never sees.
+type resendError struct {
+	// Option is the reverse_proxy option as JSON names it.
+	Option string
+	// Subdirective is its name in reverse_proxy's Caddyfile block.
+	Subdirective string
+	why          string
+}
+
+func (e *resendError) Error() string {
+	name := e.Option
+	if e.Subdirective != e.Option {
+		name += " (" + e.Subdirective + " in a Caddyfile)"
+	}
+	return "reverse_proxy " + name + " is not allowed inside a provider: " + e.why +
+		", a send the ledger never sees; remove it (reverse_proxy may still retry what never left)"
+}
+
+// refuseResends is the one rule against a provider's reverse_proxy sending a
+// request again on its own; each send to a provider must be an attempt in
+// the ledger. It refuses:
+//   - retry_match, which re-sends requests that already left;
+//   - request_buffers, with which reverse_proxy turns an empty body into
+//     none, and Go's HTTP client then re-sends a keyed request when a
+//     reused connection breaks before the answer.
+//
+// It reads the routes as configured: their handlers' JSON (and any handler
+// already decoded), walking into subroutes (handle, route, handle_path). So
+// the same rule judges a JSON config when the handler is provisioned and the
+// Caddyfile adapter's output, where the error gets its file and line.
+func refuseResends(routes caddyhttp.RouteList) error {
 	for _, route := range routes {
-		for _, h := range route.Handlers {
-			switch h := h.(type) {
-			case *reverseproxy.Handler:
-				if h.LoadBalancing != nil && len(h.LoadBalancing.RetryMatch) > 0 {
-					return fmt.Errorf("provider %s: reverse_proxy retry_match re-sends requests the ledger never saw; remove it (reverse_proxy may still retry what never left)", provider)
-				}
-			case *caddyhttp.Subroute:
-				if err := refuseRetries(provider, h.Routes); err != nil {
-					return err
-				}
+		for _, raw := range route.HandlersRaw {
+			if err := refuseResendsRaw(raw); err != nil {
+				return err
 			}
 		}
+		for _, h := range route.Handlers {
+			var err error
+			switch h := h.(type) {
+			case *reverseproxy.Handler:
+				retry := h.LoadBalancing != nil && (len(h.LoadBalancing.RetryMatch) > 0 || len(h.LoadBalancing.RetryMatchRaw) > 0)
+				err = resends(retry, h.RequestBuffers)
+			case *caddyhttp.Subroute:
+				err = refuseResendsSubroute(h)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// refuseResendsRaw judges one handler of a route in its JSON form.
+func refuseResendsRaw(raw json.RawMessage) error {
+	var mod struct {
+		Handler string `json:"handler"`
+	}
+	if err := json.Unmarshal(raw, &mod); err != nil {
+		return fmt.Errorf("decoding a handler: %w", err)
+	}
+	switch mod.Handler {
+	case "reverse_proxy":
+		var h reverseproxy.Handler
+		if err := json.Unmarshal(raw, &h); err != nil {
+			return fmt.Errorf("decoding reverse_proxy: %w", err)
+		}
+		return resends(h.LoadBalancing != nil && len(h.LoadBalancing.RetryMatchRaw) > 0, h.RequestBuffers)
+	case "subroute":
+		var sr caddyhttp.Subroute
+		if err := json.Unmarshal(raw, &sr); err != nil {
+			return fmt.Errorf("decoding subroute: %w", err)
+		}
+		return refuseResendsSubroute(&sr)
+	}
+	return nil
+}
+
+func refuseResendsSubroute(sr *caddyhttp.Subroute) error {
+	if err := refuseResends(sr.Routes); err != nil {
+		return err
+	}
+	if sr.Errors != nil {
+		return refuseResends(sr.Errors.Routes)
+	}
+	return nil
+}
+
+// resends names the option of a reverse_proxy that would send a request
+// again on its own, or returns nil.
+func resends(retryMatch bool, requestBuffers int64) error {
+	switch {
+	case retryMatch:
+		return &resendError{Option: "retry_match", Subdirective: "lb_retry_match", why: "it re-sends requests that already left"}
+	case requestBuffers != 0:
+		return &resendError{Option: "request_buffers", Subdirective: "request_buffers", why: "with it an empty body becomes none, and Go's HTTP client re-sends a keyed request on a broken reused connection"}
 	}
 	return nil
 }
