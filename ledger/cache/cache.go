@@ -13,9 +13,11 @@
 //	<prefix>done                                   pub/sub channel: ids of jobs that changed
 //
 // A reply is written only for a job that is completed with a stored
-// response (of at most Options.MaxSize), with SET … PXAT so that Redis
-// drops it Options.Margin before the job's expires_at; nothing else is
-// ever cached. Its value is
+// response (of at most Options.MaxSize), with SET … PX: a time to live,
+// counted by Redis's own clock, of the time the job has left by the
+// truth's clock (its expires_at less the truth's time when it was read),
+// less Options.Margin; nothing else is ever cached. No clock is compared
+// with another's. Its value is
 //
 //	format byte (1) | SHA-256 of format byte and payload | payload
 //
@@ -25,18 +27,18 @@
 //
 // # What a hit must pass
 //
-// Reserve reads the reply with one GET, bounded by Options.Timeout. The
-// value is used only when its format byte is known, its integrity check
-// holds and it decodes to the end; its owner and key hashes equal the
-// request's; it holds a completed job with a stored response; and the
-// job's own expires_at is more than Options.Margin ahead of the local
-// clock. A hit whose fingerprint or fingerprint version differs from the
+// Reserve reads the reply and its time to live in one round trip, bounded
+// by Options.Timeout. The value is used only when its format byte is
+// known, its integrity check holds and it decodes to the end; its owner and
+// key hashes equal the request's; it holds a completed job with a stored
+// response; and Redis still holds it (its time to live, by Redis's clock,
+// has not run out). A hit whose fingerprint or fingerprint version differs from the
 // request's is a Mismatch that carries only the job's id and state. Any
 // miss, error, timeout or value that fails a check goes to the truth's
 // Reserve; a Done from the truth with a stored answer fills the cache.
 //
-// The margin covers the skew between the local clock, Redis's and the
-// truth's. A job is only ever removed or replaced after its expires_at,
+// The margin covers the round trips between the truth's reading of its
+// clock and Redis's start of the time to live. A job is only ever removed or replaced after its expires_at,
 // and a completed job's answer never changes, so an entry that passes
 // these checks says what the truth would say. Gateways that share a Redis
 // but not a truth must use different prefixes.
@@ -100,8 +102,9 @@ type Options struct {
 	// does); otherwise the client's own read and write timeouts do.
 	Timeout time.Duration
 	// Margin is how long before a job's expires_at its reply stops being
-	// cached and trusted; default 5s. It must exceed the skew between the
-	// gateways' clocks, Redis's and the truth's.
+	// cached and trusted; default 5s. It covers the time between the
+	// truth's reading of its clock and Redis's start of the reply's time to
+	// live; the clocks themselves need not agree.
 	Margin time.Duration
 	// MaxSize is the largest reply cached, in bytes (about the size of its
 	// body); default 1MiB. Larger answers are replayed from the truth:
@@ -132,7 +135,7 @@ type Ledger struct {
 	maxSize int
 	mac     func() hash.Hash
 	log     *logThrottle
-	now     func() time.Time // the local clock, for expiry checks
+	now     func() time.Time // the local clock: for durations only, never compared with a ledger's
 	bus     *bus
 	memo    *memo
 	near    *near.Cache
@@ -239,11 +242,11 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 			j := *r.Job
 			j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
 			j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
-			l.write(ctx, update{set: &j})
+			l.write(ctx, update{set: &j, left: j.ExpiresAt.Sub(r.Now)})
 		}
 	case ledger.Created, ledger.Reopened:
 		if r.Attempt != nil {
-			l.memo.remember(r.Job.ID, &p, r.Job, r.Attempt.Deadline, l.now())
+			l.memo.remember(r.Job.ID, &p, r.Job, r.Attempt.Deadline.Sub(r.Now), l.now())
 		}
 	}
 	return r, nil
@@ -256,8 +259,11 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Re
 		return near.Answer(j, p, l.now()), true
 	}
 	rctx, cancel := context.WithTimeout(ctx, l.timeout)
-	b, err := l.rdb.Get(rctx, key).Bytes()
+	pipe := l.rdb.Pipeline()
+	get, ttl := pipe.Get(rctx, key), pipe.PTTL(rctx, key)
+	_, err := pipe.Exec(rctx)
 	cancel()
+	b, err := get.Bytes()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
 			l.log.warn("redis cache: lookup failed; answering from the ledger", zap.Error(err))
@@ -269,17 +275,17 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Re
 		l.log.warn("redis cache: ignoring a reply that does not verify", zap.String("key", key), zap.Error(err))
 		return ledger.Reservation{}, false
 	}
-	now := l.now()
 	if !l.trusted(j, p) {
 		l.log.warn("redis cache: ignoring a reply for another job", zap.String("key", key), zap.String("job_id", j.ID))
 		return ledger.Reservation{}, false
 	}
-	until := j.ExpiresAt.Add(-l.margin)
-	if !now.Before(until) {
-		return ledger.Reservation{}, false // near or past its expiry: ask the truth
+	left, err := ttl.Result()
+	if err != nil || left <= 0 {
+		return ledger.Reservation{}, false // no time to live: not one the cache wrote
 	}
-	l.near.Put(key, j, until)
-	return near.Answer(j, p, l.now()), true
+	now := l.now()
+	l.near.Put(key, j, now.Add(left))
+	return near.Answer(j, p, now), true
 }
 
 // trusted reports whether a decoded reply is one the cache may have
@@ -291,8 +297,9 @@ func (l *Ledger) trusted(j *ledger.Job, p *ledger.ReserveParams) bool {
 
 // update is one best-effort write to Redis, sent in one round trip.
 type update struct {
-	set     *ledger.Job // cache this job's reply (if near.Replayable)
-	del     *ledger.Job // drop the reply of this job's owner and key
+	set     *ledger.Job   // cache this job's reply (if near.Replayable)
+	left    time.Duration // the time set has left by the truth's clock
+	del     *ledger.Job   // drop the reply of this job's owner and key
 	publish string      // publish this job id
 }
 
@@ -303,12 +310,11 @@ func (l *Ledger) write(ctx context.Context, u update) {
 	defer cancel()
 	pipe := l.rdb.Pipeline()
 	if j := u.set; j != nil && near.Replayable(j) && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
-		until := j.ExpiresAt.Add(-l.margin)
-		if until.After(l.now()) && len(j.Response.Body) <= l.maxSize {
+		if ttl := u.left - l.margin; ttl >= time.Millisecond && len(j.Response.Body) <= l.maxSize {
 			if v := encode(j, l.mac); len(v) <= l.maxSize {
 				key := l.replyKey(j.OwnerHash, j.KeyHash)
-				pipe.SetArgs(ctx, key, v, redis.SetArgs{ExpireAt: until})
-				l.near.Put(key, j, until)
+				pipe.Set(ctx, key, v, ttl)
+				l.near.Put(key, j, l.now().Add(ttl))
 			}
 		}
 	}
@@ -324,6 +330,17 @@ func (l *Ledger) write(ctx context.Context, u update) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		l.log.warn("redis cache: write failed; replays and wake-ups fall back to the ledger", zap.Error(err))
 	}
+}
+
+// timeLeft is how long a job just read from the truth has until it
+// expires, by the truth's clock: from its ReadAt, else from its completion
+// (a job that completed in the call that returned it).
+func timeLeft(j *ledger.Job) time.Duration {
+	now := j.ReadAt
+	if now.IsZero() {
+		now = j.CompletedAt
+	}
+	return j.ExpiresAt.Sub(now)
 }
 
 // identified returns j (a completion's job, whose identity the backend may
@@ -356,7 +373,7 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 	u := update{publish: ref.JobID}
 	if c.Won && near.Replayable(c.Job) {
 		if j, ok := l.identified(ctx, ref.JobID, c.Job); ok {
-			u.set = j
+			u.set, u.left = j, timeLeft(c.Job)
 		}
 	} else if c.Won {
 		// Not stored yet (a stream): SaveBody caches it once it is.
@@ -378,7 +395,7 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 	case err != nil:
 		l.log.warn("redis cache: cannot read the job whose body was saved", zap.String("job_id", ref.JobID), zap.Error(err))
 	case near.Replayable(j):
-		u.set = j
+		u.set, u.left = j, timeLeft(j)
 	default:
 		u.del = j
 	}
@@ -392,7 +409,7 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 	if err == nil || errors.Is(err, ledger.ErrBlocked) {
 		// ErrBlocked records the failure all the same.
 		if a != nil {
-			l.memo.extend(ref.JobID, a.Deadline)
+			l.memo.extend(ref.JobID, a.Deadline.Sub(a.StartedAt), l.now())
 		}
 		l.write(ctx, update{publish: ref.JobID})
 	}
@@ -427,7 +444,7 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 	u := update{publish: jobID}
 	if near.Replayable(j) {
 		if full, ok := l.identified(ctx, jobID, j); ok {
-			u.set = full
+			u.set, u.left = full, timeLeft(j)
 		}
 	}
 	l.write(ctx, u)
@@ -438,7 +455,7 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
 	a, err := l.truth.Hedge(ctx, ref, next)
 	if err == nil {
-		l.memo.extend(ref.JobID, a.Deadline)
+		l.memo.extend(ref.JobID, a.Deadline.Sub(a.StartedAt), l.now())
 	}
 	return a, err
 }

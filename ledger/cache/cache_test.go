@@ -46,6 +46,29 @@ func open(t *testing.T, truth ledger.Ledger, addr string, opts Options) *Ledger 
 	return l
 }
 
+// ticking moves m's clock with real time, as a Redis server's runs:
+// miniredis counts times to live down only when told to.
+func ticking(t *testing.T, m *miniredis.Miniredis) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	t.Cleanup(func() { close(done); <-stopped })
+	go func() {
+		defer close(stopped)
+		last := time.Now()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-tick.C:
+				m.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+}
+
 func conformance(t *testing.T, opts Options, redisDown bool) {
 	ledgertest.Run(t, ledgertest.Harness{
 		New: func(t *testing.T) ledger.Ledger {
@@ -53,6 +76,8 @@ func conformance(t *testing.T, opts Options, redisDown bool) {
 			addr := m.Addr()
 			if redisDown {
 				m.Close()
+			} else {
+				ticking(t, m)
 			}
 			return open(t, memory.New(), addr, opts)
 		},
@@ -423,46 +448,53 @@ func (c *clock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// TestExpiredJobNotReplayed: once a job expired and was replaced, its
-// reply (still in Redis, whose clock did not move) is never the answer.
-func TestExpiredJobNotReplayed(t *testing.T) {
-	m := miniredis.RunT(t)
-	clk := &clock{t: time.Now()}
-	truth := &counting{Ledger: memory.New(memory.WithClock(clk.now))}
-	l := open(t, truth, m.Addr(), Options{})
-	l.now = clk.now
-	p := params()
-	p.Retention = time.Minute
-	r := mustReserve(t, l, p, ledger.Created)
-	mustComplete(t, l, r, "old")
-	key := l.replyKey(p.OwnerHash, p.KeyHash)
-	old, _ := m.Get(key)
+// TestExpiryByLedgerClocks: the cache compares no clock with another. A
+// gateway whose clock runs a minute ahead of the truth's and Redis's, or a
+// minute behind, replays a job from the cache until Redis's time to live
+// (the job's time left by the truth's clock, less the margin) runs out,
+// and never after: then the truth answers, and past expiry a new job starts.
+func TestExpiryByLedgerClocks(t *testing.T) {
+	for _, skew := range []time.Duration{time.Minute, -time.Minute} {
+		t.Run(skew.String(), func(t *testing.T) {
+			m := miniredis.RunT(t)
+			clk := &clock{t: time.Now()}
+			truth := &counting{Ledger: memory.New(memory.WithClock(clk.now))}
+			l := open(t, truth, m.Addr(), Options{})
+			l.now = func() time.Time { return clk.now().Add(skew) }
+			advance := func(d time.Duration) { clk.add(d); m.FastForward(d) }
+			p := params()
+			p.Retention = time.Minute
+			r := mustReserve(t, l, p, ledger.Created)
+			mustComplete(t, l, r, "old")
 
-	// Within the margin before expiry the reply is not trusted; the truth
-	// still answers.
-	clk.add(time.Minute - DefaultMargin/2)
-	before := truth.reserves.Load()
-	wantAnswer(t, mustReserve(t, l, p, ledger.Done), r.Job.ID, "old")
-	if truth.reserves.Load() == before {
-		t.Errorf("a reply within the margin of its expiry was trusted")
-	}
-	// Past expiry: a new job, never the old answer.
-	clk.add(time.Minute)
-	if got, _ := m.Get(key); got != old {
-		t.Fatalf("the old reply should still be in Redis for this test")
-	}
-	fresh := mustReserve(t, l, p, ledger.Created)
-	if fresh.Job.ID == r.Job.ID {
-		t.Fatalf("expired job was not replaced")
-	}
-	mustComplete(t, l, fresh, "new")
-	wantAnswer(t, mustReserve(t, l, p, ledger.Done), fresh.Job.ID, "new")
-	// The new job's reply replaced the old one; a different request is a
-	// mismatch of the new job.
-	q := p
-	q.Fingerprint = randBytes(32)
-	if mm := mustReserve(t, l, q, ledger.Mismatch); mm.Job.ID != fresh.Job.ID {
-		t.Errorf("mismatch names job %s, want %s", mm.Job.ID, fresh.Job.ID)
+			before := truth.reserves.Load()
+			wantAnswer(t, mustReserve(t, l, p, ledger.Done), r.Job.ID, "old")
+			if truth.reserves.Load() != before {
+				t.Errorf("a fresh completed job was not replayed from the cache")
+			}
+			// Within the margin before expiry the reply is gone from
+			// Redis and from the process; the truth still answers.
+			advance(time.Minute - DefaultMargin/2)
+			before = truth.reserves.Load()
+			wantAnswer(t, mustReserve(t, l, p, ledger.Done), r.Job.ID, "old")
+			if truth.reserves.Load() == before {
+				t.Errorf("a reply within the margin of its expiry was trusted")
+			}
+			// Past expiry: a new job, never the old answer.
+			advance(time.Minute)
+			fresh := mustReserve(t, l, p, ledger.Created)
+			if fresh.Job.ID == r.Job.ID {
+				t.Fatalf("expired job was not replaced")
+			}
+			mustComplete(t, l, fresh, "new")
+			wantAnswer(t, mustReserve(t, l, p, ledger.Done), fresh.Job.ID, "new")
+			// A different request is a mismatch of the new job.
+			q := p
+			q.Fingerprint = randBytes(32)
+			if mm := mustReserve(t, l, q, ledger.Mismatch); mm.Job.ID != fresh.Job.ID {
+				t.Errorf("mismatch names job %s, want %s", mm.Job.ID, fresh.Job.ID)
+			}
+		})
 	}
 }
 

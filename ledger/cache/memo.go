@@ -33,8 +33,8 @@ type memo struct {
 	pruned time.Time // last full scan for expired identities
 }
 
-// memoGrace keeps an identity past its attempts' deadline: a deadline is
-// judged by the ledger's clock, which may run ahead of ours.
+// memoGrace keeps an identity past its attempts' deadline, which is judged
+// by the ledger's clock: locally only the time left is counted down.
 const memoGrace = time.Minute
 
 func newMemo(max int) *memo {
@@ -42,12 +42,10 @@ func newMemo(max int) *memo {
 }
 
 // remember records the identity of p's job, which a reservation created or
-// re-opened with an attempt running until deadline.
-func (m *memo) remember(jobID string, p *ledger.ReserveParams, j *ledger.Job, deadline, now time.Time) {
-	until := now.Add(memoGrace)
-	if deadline.After(now) {
-		until = deadline.Add(memoGrace)
-	}
+// re-opened with an attempt that has left to run (by the ledger's clock);
+// now is the local clock.
+func (m *memo) remember(jobID string, p *ledger.ReserveParams, j *ledger.Job, left time.Duration, now time.Time) {
+	until := now.Add(max(left, 0) + memoGrace)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if id := m.jobs[jobID]; id != nil {
@@ -78,12 +76,13 @@ func (m *memo) remember(jobID string, p *ledger.ReserveParams, j *ledger.Job, de
 	}
 }
 
-// extend keeps a job's identity until a new attempt's deadline.
-func (m *memo) extend(jobID string, deadline time.Time) {
+// extend keeps a job's identity while a new attempt has left to run.
+func (m *memo) extend(jobID string, left time.Duration, now time.Time) {
+	until := now.Add(max(left, 0) + memoGrace)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if id := m.jobs[jobID]; id != nil && deadline.Add(memoGrace).After(id.until) {
-		id.until = deadline.Add(memoGrace)
+	if id := m.jobs[jobID]; id != nil && until.After(id.until) {
+		id.until = until
 	}
 }
 
