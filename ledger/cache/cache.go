@@ -300,7 +300,7 @@ type update struct {
 	set     *ledger.Job   // cache this job's reply (if near.Replayable)
 	left    time.Duration // the time set has left by the truth's clock
 	del     *ledger.Job   // drop the reply of this job's owner and key
-	publish string      // publish this job id
+	publish string        // publish this job id
 }
 
 // write applies u; Redis errors are logged, never returned. It is not
