@@ -4,271 +4,55 @@ package integration
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/onejob/onejob/integration/faultproxy"
 )
 
-// faultProxy forwards TCP to a ledger's server and injects faults in
-// between: cut drops every connection and refuses new ones, slow holds each
-// chunk of bytes for a while before passing it on (both ways), stall holds
-// every byte, dropReply lets one command through and drops its reply;
-// restore ends them all.
-type faultProxy struct {
-	ln     net.Listener
-	target string
-
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
-	down    bool
-	delay   time.Duration
-	stalled chan struct{} // while stalled: closed by restore
-	armed   *drop         // the next command carrying its marker fires it
-}
-
-// drop is a dropReply: armed until a command toward the server carries its
-// marker, then fired once.
-type drop struct {
-	marker   []byte
-	thenDown bool
-	once     sync.Once
-	done     chan struct{} // closed once the reply was dropped
-	command  []byte        // the bytes around the marker, for the log
-}
-
-// maxMarker bounds a marker's length: each connection keeps the last
-// maxMarker-1 bytes it sent, so that a marker split across reads is found.
-const maxMarker = 256
-
-func newFaultProxy(t *testing.T, target string) *faultProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	t.Cleanup(func() {
-		ln.Close()
-		p.restore()
-		p.cut()
-	})
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(in)
-		}
-	}()
-	return p
-}
-
-func (p *faultProxy) serve(in net.Conn) {
-	p.mu.Lock()
-	down := p.down
-	p.mu.Unlock()
-	if down {
-		in.Close()
-		return
-	}
-	out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-	if err != nil {
-		in.Close()
-		return
-	}
-	p.mu.Lock()
-	if p.down {
-		p.mu.Unlock()
-		in.Close()
-		out.Close()
-		return
-	}
-	p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-	p.mu.Unlock()
-	var fired atomic.Pointer[drop] // the drop of this connection's reply
-	go p.pipe(out, in, true, &fired)
-	p.pipe(in, out, false, &fired)
-}
-
-// pipe copies src to dst, holding each chunk as the current fault says.
-// Toward the server (up), a chunk that carries the armed drop's marker is
-// passed on and fires it; toward the client, once the connection's drop
-// has fired, the reply is discarded and the connection closed, at the
-// latest 200 ms after the command went through.
-func (p *faultProxy) pipe(dst, src net.Conn, up bool, fired *atomic.Pointer[drop]) {
-	defer func() {
-		dst.Close()
-		src.Close()
-		p.mu.Lock()
-		delete(p.conns, dst)
-		delete(p.conns, src)
-		p.mu.Unlock()
-	}()
-	buf := make([]byte, 32<<10)
-	var tail []byte // toward the server: the end of the previous chunk
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			delay, stalled := p.delay, p.stalled
-			var d *drop
-			if up {
-				d = p.take(tail, buf[:n])
-			}
-			p.mu.Unlock()
-			if stalled != nil {
-				<-stalled
-			}
-			time.Sleep(delay)
-			if f := fired.Load(); f != nil && !up {
-				p.fire(f, dst, src) // the reply, discarded
-				return
-			}
-			if d != nil {
-				fired.Store(d) // before the command goes: its reply may come at once
-				time.AfterFunc(200*time.Millisecond, func() { p.fire(d, dst, src) })
-			}
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
-			if up {
-				tail = append(tail[:0], buf[max(0, n-maxMarker+1):n]...)
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// take disarms and returns the armed drop when chunk, read after tail on
-// its connection, carries the drop's marker. p.mu is held.
-func (p *faultProxy) take(tail, chunk []byte) *drop {
-	d := p.armed
-	if d == nil {
-		return nil
-	}
-	// Only the last len(marker)-1 bytes of tail: a match ends in chunk.
-	seen := append(slices.Clip(tail[len(tail)-min(len(tail), len(d.marker)-1):]), chunk...)
-	i := bytes.Index(seen, d.marker)
-	if i < 0 {
-		return nil
-	}
-	p.armed = nil
-	d.command = slices.Clone(seen[max(0, i-64):min(len(seen), i+len(d.marker)+32)])
-	return d
-}
-
-// fire drops d's reply: the connection between a and b closes, and with
-// thenDown every connection, as cut does.
-func (p *faultProxy) fire(d *drop, a, b net.Conn) {
-	d.once.Do(func() {
-		if d.thenDown {
-			p.cut() // down first, so that a client that reconnects at once is refused
-		}
-		a.Close()
-		b.Close()
-		close(d.done)
-	})
-}
-
-func (p *faultProxy) addr() string { return p.ln.Addr().String() }
-
-// cut drops every connection and refuses new ones until restore.
-func (p *faultProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for c := range p.conns {
-		c.Close()
-	}
-}
-
-// slow delays every chunk of bytes, both ways, by d.
-func (p *faultProxy) slow(d time.Duration) {
-	p.mu.Lock()
-	p.delay = d
-	p.mu.Unlock()
-}
-
-// stall holds every byte, both ways, until restore.
-func (p *faultProxy) stall() {
-	p.mu.Lock()
-	if p.stalled == nil {
-		p.stalled = make(chan struct{})
-	}
-	p.mu.Unlock()
-}
-
-// dropReply arms the proxy: the next command toward the server (on any
-// connection) that carries marker goes through, but its reply is dropped
-// and its connection closed, so that the client sees the connection break
-// with its command done. With thenDown the proxy then goes down, as with
-// cut, until restore. It fires once; wait tells when it has.
-func (p *faultProxy) dropReply(marker string, thenDown bool) *drop {
-	if marker == "" || len(marker) > maxMarker {
-		panic("dropReply: marker of " + strconv.Itoa(len(marker)) + " bytes")
-	}
-	d := &drop{marker: []byte(marker), thenDown: thenDown, done: make(chan struct{})}
-	p.mu.Lock()
-	p.armed = d
-	p.mu.Unlock()
-	return d
-}
-
-// wait returns once d has dropped a reply, and fails the test if that does
-// not happen within 10 s.
-func (d *drop) wait(t *testing.T) {
+// waitDrop returns once d has dropped a reply, and fails the test if that
+// does not happen within 10 s.
+func waitDrop(t *testing.T, d *faultproxy.Drop) {
 	t.Helper()
 	select {
-	case <-d.done:
-		t.Logf("dropped the reply to the command %q", d.command)
+	case <-d.Done():
+		t.Logf("dropped the reply to the command %q", d.Command())
 	case <-time.After(10 * time.Second):
-		t.Fatalf("no command carrying %q reached the ledger: no reply was dropped", d.marker)
-	}
-}
-
-// restore ends every fault.
-func (p *faultProxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down, p.delay, p.armed = false, 0, nil
-	if p.stalled != nil {
-		close(p.stalled)
-		p.stalled = nil
+		t.Fatalf("no command carrying %q reached the ledger: no reply was dropped", d.Marker())
 	}
 }
 
 // viaProxy returns a ledger backend whose server is reached through a
-// faultProxy: the connection URL's host is the proxy's.
-func viaProxy(t *testing.T, b backend, rawURL string) (backend, *faultProxy) {
+// fault proxy (integration/faultproxy): the connection URL's host is the
+// proxy's.
+func viaProxy(t *testing.T, b backend, rawURL string) (backend, *faultproxy.Proxy) {
 	t.Helper()
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newFaultProxy(t, u.Host)
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
 	proxied := *u
-	proxied.Host = p.addr()
+	proxied.Host = p.Addr()
 	b.line = strings.Replace(b.line, rawURL, proxied.String(), 1)
 	return b, p
 }
 
-// faultyLedgers are the server ledgers, each behind a faultProxy.
-func faultyLedgers(t *testing.T, fn func(t *testing.T, b backend, p *faultProxy)) {
+// faultyLedgers are the server ledgers, each behind a fault proxy.
+func faultyLedgers(t *testing.T, fn func(t *testing.T, b backend, p *faultproxy.Proxy)) {
 	t.Run("postgres", func(t *testing.T) {
 		b, p := viaProxy(t, pgBackend(t), postgresDSN(t))
 		fn(t, b, p)
@@ -406,7 +190,7 @@ func wantProblemType(t *testing.T, r response, status int, name string) {
 // the ledger is back, the same process serves them (and replays the keys it
 // answered before) without a restart. TestFailClosed covers the cut alone.
 func TestLedgerDownFailsClosedAndRecovers(t *testing.T) {
-	faultyLedgers(t, func(t *testing.T, b backend, p *faultProxy) {
+	faultyLedgers(t, func(t *testing.T, b backend, p *faultproxy.Proxy) {
 		up := quietUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
 			fmt.Fprintf(w, `{"key":%q,"n":%d}`, r.Header.Get("Idempotency-Key"), n)
 		})
@@ -417,7 +201,7 @@ func TestLedgerDownFailsClosedAndRecovers(t *testing.T) {
 		}
 		pid := g.cmd.Process.Pid
 
-		p.cut()
+		p.Cut()
 		for i := 1; i <= 3; i++ {
 			key := fmt.Sprintf("down-%d", i)
 			r, err := g.send("/charges", key, "{}")
@@ -439,7 +223,7 @@ func TestLedgerDownFailsClosedAndRecovers(t *testing.T) {
 			t.Errorf("retry of an answered key while the ledger is down: %v %v", r, err)
 		}
 
-		p.restore()
+		p.Restore()
 		var r response
 		eventually(t, "the gateway serves again once its ledger is back", func() bool {
 			r, err = g.send("/charges", "down-1", "{}")
@@ -494,7 +278,7 @@ func TestCacheDownAnswersFromPostgres(t *testing.T) {
 		t.Fatal("the cache holds nothing before the cut: it is not in use")
 	}
 
-	p.cut()
+	p.Cut()
 	if r := g.post(t, "/charges", "cd-1", auth, "{}"); r.status != http.StatusOK || r.body != first.body ||
 		r.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("replay with the cache down: %v", r)
@@ -527,7 +311,7 @@ func TestCacheDownAnswersFromPostgres(t *testing.T) {
 		t.Errorf("requests waited: %v, want %v", w, waited+1)
 	}
 
-	p.restore()
+	p.Restore()
 	eventually(t, "replays work with the cache back", func() bool {
 		r := g.post(t, "/charges", "cd-2", auth, "{}")
 		return r.body == fresh.body && r.header.Get("Idempotent-Replayed") == "true"
@@ -590,14 +374,14 @@ func slowBurst(g *gateway, prefix string, n int) (keys []string, resps []respons
 // well again the gateway serves, and its goroutine count returns near its
 // baseline: no goroutine stays behind per request.
 func TestSlowLedgerBoundedWaits(t *testing.T) {
-	faultyLedgers(t, func(t *testing.T, b backend, p *faultProxy) {
+	faultyLedgers(t, func(t *testing.T, b backend, p *faultproxy.Proxy) {
 		up := quietUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
 			fmt.Fprintf(w, `{"key":%q,"n":%d}`, r.Header.Get("Idempotency-Key"), n)
 		})
 		g := startGateway(t, b, site(up.addr(), "attempt_timeout 2s", "in_flight wait 1s"))
 		base := g.baseline(t)
 
-		p.slow(50 * time.Millisecond)
+		p.Slow(50 * time.Millisecond)
 		keys, resps, errs := slowBurst(g, "slow", 60)
 		for i, r := range resps {
 			if errs[i] != nil {
@@ -627,8 +411,8 @@ func TestSlowLedgerBoundedWaits(t *testing.T) {
 			}
 		}
 
-		p.restore()
-		p.stall()
+		p.Restore()
+		p.Stall()
 		_, resps, errs = slowBurst(g, "stalled", 40)
 		for i, r := range resps {
 			if errs[i] != nil {
@@ -645,7 +429,7 @@ func TestSlowLedgerBoundedWaits(t *testing.T) {
 			}
 		}
 
-		p.restore()
+		p.Restore()
 		eventually(t, "the gateway serves once its ledger is well", func() bool {
 			r, err := g.send("/charges", "after-stall", "{}")
 			return err == nil && r.status == http.StatusOK

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onejob/onejob/integration/faultproxy"
 )
 
 // replyLostSite is a gateway with one provider, name, at up. Its deadlines
@@ -68,7 +70,7 @@ func streamEvent(call, i int, marker string) string {
 }
 
 // TestLedgerReplyLost lets one ledger call through and drops its reply
-// (faultProxy.dropReply): the transition happened, but the gateway saw its
+// (faultproxy.Proxy.DropReply): the transition happened, but the gateway saw its
 // connection break. Every transition is idempotent (SPEC section 1, rule
 // 3), so the gateway may repeat it and gets what the first application
 // returned: the first client gets its own answer (never marked replayed),
@@ -77,11 +79,11 @@ func streamEvent(call, i int, marker string) string {
 // ledger is back, it is recorded failed (rule 7) and a retry runs the
 // request.
 func TestLedgerReplyLost(t *testing.T) {
-	faultyLedgers(t, func(t *testing.T, b backend, p *faultProxy) {
+	faultyLedgers(t, func(t *testing.T, b backend, p *faultproxy.Proxy) {
 		// start runs a gateway whose one provider is named name; post
 		// sends to it, each request bounded in time.
 		start := func(t *testing.T, name string, serve func(http.ResponseWriter, *http.Request, int)) (*upstream, func(key string) response, *gateway) {
-			t.Cleanup(p.restore)
+			t.Cleanup(p.Restore)
 			up := newUpstream(t, serve)
 			g := startGateway(t, b, replyLostSite(name, up.addr()))
 			return up, func(key string) response {
@@ -107,9 +109,9 @@ func TestLedgerReplyLost(t *testing.T) {
 		t.Run("completion", func(t *testing.T) {
 			marker := unique("complete-")
 			up, post, _ := start(t, "primary", created(marker))
-			d := p.dropReply(marker, false)
+			d := p.DropReply(marker, false)
 			first := post("rl-complete")
-			d.wait(t)
+			waitDrop(t, d)
 			if first.status != http.StatusCreated || first.body != `{"charge":1}` || first.header.Get("Idempotent-Replayed") != "" {
 				t.Errorf("first client: %v, want the upstream's 201 {\"charge\":1}, not replayed", first)
 			}
@@ -127,9 +129,9 @@ func TestLedgerReplyLost(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				key := "rl-" + c.name
 				up, post, _ := start(t, "primary", streaming(c.head, c.body))
-				d := p.dropReply(c.head+c.body, false)
+				d := p.DropReply(c.head+c.body, false)
 				first := post(key)
-				d.wait(t)
+				waitDrop(t, d)
 				want := streamEvent(1, 0, c.body) + streamEvent(1, 1, c.body) + streamEvent(1, 2, c.body)
 				if first.status != http.StatusOK || first.body != want || first.header.Get("Idempotent-Replayed") != "" {
 					t.Errorf("first client: %v, want the whole stream %q, not replayed", first, want)
@@ -147,15 +149,15 @@ func TestLedgerReplyLost(t *testing.T) {
 		t.Run("reserve-then-down", func(t *testing.T) {
 			name := unique("reserve-")
 			up, post, g := start(t, name, created(""))
-			d := p.dropReply(name, true)
+			d := p.DropReply(name, true)
 			first := post("rl-reserve-down")
-			d.wait(t)
+			waitDrop(t, d)
 			if c := up.count("rl-reserve-down"); c != 0 {
 				t.Fatalf("the upstream ran %d times though its reservation was not recorded", c)
 			}
 			wantProblemType(t, first, http.StatusServiceUnavailable, "ledger-unavailable")
 
-			p.restore()
+			p.Restore()
 			id := findJob(t, g, name)
 			// As soon as the ledger answers again, the attempt is recorded
 			// failed: the gateway knows it never sent it.
@@ -182,9 +184,9 @@ func TestLedgerReplyLost(t *testing.T) {
 		t.Run("reserve", func(t *testing.T) {
 			name := unique("reserve-")
 			up, post, _ := start(t, name, created(""))
-			d := p.dropReply(name, false)
+			d := p.DropReply(name, false)
 			first := post("rl-reserve")
-			d.wait(t)
+			waitDrop(t, d)
 			if first.status != http.StatusCreated || first.body != `{"charge":1}` || first.header.Get("Idempotent-Replayed") != "" {
 				t.Errorf("first client: %v, want the upstream's 201 {\"charge\":1}, not replayed", first)
 			}
