@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/near"
 )
 
@@ -47,7 +48,7 @@ type Ledger struct {
 	schema  string
 	fn      string // the schema of the current functions
 	channel string
-	listen  *listener
+	listen  *ledger.Subscriber
 	replays *near.Cache // completed jobs read lately
 }
 
@@ -109,7 +110,7 @@ func (l *Ledger) FunctionsSchema() string { return l.fn }
 
 // Close stops the listener and closes the pool.
 func (l *Ledger) Close() error {
-	l.listen.close()
+	l.listen.Close()
 	l.pool.Close()
 	return nil
 }

@@ -8,7 +8,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/near"
+	"github.com/onejob/onejob/ledger/internal/pubsub"
 )
 
 // DefaultPrefix starts every key of a ledger whose Options.Prefix is empty.
@@ -25,7 +27,7 @@ type Options struct {
 type Ledger struct {
 	client *redis.Client
 	prefix string
-	listen *listener
+	listen *ledger.Subscriber
 	// replays holds completed jobs read lately.
 	replays *near.Cache
 }
@@ -55,7 +57,7 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 		return nil, fmt.Errorf("redis ledger: %w", err)
 	}
 	l := &Ledger{client: client, prefix: prefix, replays: near.New(10000, 64<<20)}
-	l.listen = newListener(client, l.channel())
+	l.listen = ledger.NewSubscriber(pubsub.Session(client, l.channel()), nil)
 	return l, nil
 }
 
@@ -67,7 +69,7 @@ func (l *Ledger) Prefix() string { return l.prefix }
 
 // Close stops the pub/sub subscription and closes the client.
 func (l *Ledger) Close() error {
-	l.listen.close()
+	l.listen.Close()
 	return l.client.Close()
 }
 
