@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/near"
 )
 
@@ -343,7 +344,7 @@ func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
 	if err := l.pool.QueryRow(ctx, `SELECT unsent($1, $2, $3)`, ref.JobID, ref.AttemptID, ledger.ReasonUnsent).Scan(&outcome); err != nil {
 		return fmt.Errorf("postgres ledger: unsent: %w", err)
 	}
-	return simpleOutcome("unsent", outcome)
+	return outcomeError("unsent", outcome)
 }
 
 // MarkUnknown implements ledger.Ledger.
@@ -355,21 +356,7 @@ func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason 
 	if err := l.pool.QueryRow(ctx, `SELECT mark_unknown($1, $2, $3)`, ref.JobID, ref.AttemptID, reason).Scan(&outcome); err != nil {
 		return fmt.Errorf("postgres ledger: mark unknown: %w", err)
 	}
-	return simpleOutcome("mark_unknown", outcome)
-}
-
-func simpleOutcome(fn, outcome string) error {
-	switch outcome {
-	case "ok":
-		return nil
-	case "not_found":
-		return ledger.ErrNotFound
-	case "stale":
-		return ledger.ErrStale
-	case "completed":
-		return ledger.ErrCompleted
-	}
-	return errUnexpected(fn, outcome)
+	return outcomeError("mark_unknown", outcome)
 }
 
 // Resolve implements ledger.Ledger.
@@ -403,7 +390,7 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 		jobID, cancel, admin, status, header, body).Scan(&outcome); err != nil {
 		return nil, fmt.Errorf("postgres ledger: resolve: %w", err)
 	}
-	if err := simpleOutcome("resolve", outcome); err != nil {
+	if err := outcomeError("resolve", outcome); err != nil {
 		return nil, err
 	}
 	return l.Job(ctx, jobID)
@@ -416,4 +403,9 @@ func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error
 		return st, fmt.Errorf("postgres ledger: sweep: %w", err)
 	}
 	return st, nil
+}
+
+// outcomeError maps a transition's outcome name to the ledger's error.
+func outcomeError(transition, outcome string) error {
+	return fsm.OutcomeError("postgres ledger", transition, outcome)
 }

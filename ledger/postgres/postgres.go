@@ -15,7 +15,6 @@ package postgres
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -27,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/near"
 )
 
@@ -202,5 +202,5 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 
 // errUnexpected reports an outcome a function should never return.
 func errUnexpected(fn, outcome string) error {
-	return errors.New("postgres ledger: " + fn + " returned unexpected outcome " + strconv.Quote(outcome))
+	return fsm.UnexpectedOutcome("postgres ledger", fn, outcome)
 }

@@ -49,7 +49,7 @@ func errNoIDs(what string) error {
 }
 
 func errUnexpected(what, outcome string) error {
-	return fmt.Errorf("redis ledger: %s returned unexpected outcome %q", what, outcome)
+	return fsm.UnexpectedOutcome("redis ledger", what, outcome)
 }
 
 // Reserve implements ledger.Ledger. A replay of a completed job this
@@ -220,23 +220,7 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 	if err != nil {
 		return err
 	}
-	return simpleOutcome("save body", outcome)
-}
-
-func simpleOutcome(what, outcome string) error {
-	switch outcome {
-	case "ok":
-		return nil
-	case "not_found":
-		return ledger.ErrNotFound
-	case "stale":
-		return ledger.ErrStale
-	case "blocked":
-		return ledger.ErrBlocked
-	case "completed":
-		return ledger.ErrCompleted
-	}
-	return errUnexpected(what, outcome)
+	return outcomeError("save body", outcome)
 }
 
 // Fail implements ledger.Ledger.
@@ -260,7 +244,7 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 	if outcome == "next" {
 		return replyAttempt("fail", ref.JobID, a)
 	}
-	return nil, simpleOutcome("fail", outcome)
+	return nil, outcomeError("fail", outcome)
 }
 
 // Unsent implements ledger.Ledger.
@@ -274,7 +258,7 @@ func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
 	if err != nil {
 		return err
 	}
-	return simpleOutcome("unsent", outcome)
+	return outcomeError("unsent", outcome)
 }
 
 // MarkUnknown implements ledger.Ledger.
@@ -288,7 +272,7 @@ func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason 
 	if err != nil {
 		return err
 	}
-	return simpleOutcome("mark unknown", outcome)
+	return outcomeError("mark unknown", outcome)
 }
 
 // Resolve implements ledger.Ledger.
@@ -314,7 +298,7 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 		return nil, err
 	}
 	if outcome != "ok" {
-		return nil, simpleOutcome("resolve", outcome)
+		return nil, outcomeError("resolve", outcome)
 	}
 	if len(a) < 4 {
 		return nil, errReply("resolve", a)
@@ -368,4 +352,9 @@ func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error
 	r, _ := res[1].(int64)
 	st.Unknown, st.Removed = int(u), int(r)
 	return st, nil
+}
+
+// outcomeError maps a transition's outcome name to the ledger's error.
+func outcomeError(transition, outcome string) error {
+	return fsm.OutcomeError("redis ledger", transition, outcome)
 }
