@@ -375,7 +375,8 @@ func validHeaderName(s string) bool {
 	return true
 }
 
-// handleProviders serves GET /idempotency/providers.
+// handleProviders serves GET /idempotency/providers: every handler's
+// providers, each with its handler's scope, in the order first configured.
 func (a *adminAPI) handleProviders(w http.ResponseWriter, r *http.Request) error {
 	if !allowMethod(w, r, http.MethodGet) {
 		return nil
@@ -387,6 +388,7 @@ func (a *adminAPI) handleProviders(w http.ResponseWriter, r *http.Request) error
 		Status int     `json:"status"`
 	}
 	type providerJSON struct {
+		Scope string     `json:"scope"` // the handler's that declares it
 		Name  string     `json:"name"`
 		Probe *probeJSON `json:"probe"`
 	}
@@ -395,7 +397,7 @@ func (a *adminAPI) handleProviders(w http.ResponseWriter, r *http.Request) error
 		Providers []providerJSON `json:"providers"`
 	}{Providers: make([]providerJSON, len(list))}
 	for i, p := range list {
-		out.Providers[i].Name = p.Name
+		out.Providers[i].Scope, out.Providers[i].Name = p.Scope, p.Name
 		if p.Probe != nil {
 			out.Providers[i].Probe = &probeJSON{
 				OK:     p.Probe.OK,

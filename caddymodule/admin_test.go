@@ -39,8 +39,8 @@ func TestRegistry(t *testing.T) {
 	if got := providerNames(); len(got) != 0 {
 		t.Fatalf("registry not empty at start: %v", got)
 	}
-	un1 := registerProviders([]string{"a", "b", "a"})
-	un2 := registerProviders([]string{"c", "b"}) // a reload overlapping the first config
+	un1 := registerProviders("s", []string{"a", "b", "a"})
+	un2 := registerProviders("s", []string{"c", "b"}) // a reload overlapping the first config
 	if got := providerNames(); !slices.Equal(got, []string{"a", "b", "c"}) {
 		t.Fatalf("providers = %v, want [a b c]", got)
 	}
@@ -49,8 +49,8 @@ func TestRegistry(t *testing.T) {
 	}
 
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	setProbe("b", ProbeResult{OK: false, Error: "contract: status 500", At: at, Status: 500})
-	setProbe("nobody", ProbeResult{OK: true, At: at}) // not registered: dropped
+	setProbe("s", "b", ProbeResult{OK: false, Error: "contract: status 500", At: at, Status: 500})
+	setProbe("s", "nobody", ProbeResult{OK: true, At: at}) // not registered: dropped
 	list := listProviders()
 	if got := list[1]; got.Name != "b" || got.Probe == nil || got.Probe.OK || got.Probe.Status != 500 || !got.Probe.At.Equal(at) {
 		t.Fatalf("b = %+v (probe %+v)", got, got.Probe)
@@ -71,7 +71,7 @@ func TestRegistry(t *testing.T) {
 	if listProviders()[0].Probe == nil {
 		t.Error("b lost its probe while still registered")
 	}
-	un3 := registerProviders([]string{"a"})
+	un3 := registerProviders("s", []string{"a"})
 	if got := providerNames(); !slices.Equal(got, []string{"b", "c", "a"}) {
 		t.Fatalf("re-registered a is listed in first-registration order: %v, want [b c a]", got)
 	}
@@ -81,7 +81,7 @@ func TestRegistry(t *testing.T) {
 		t.Fatalf("registry not empty after every cleanup: %v", got)
 	}
 	// A provider registered again starts without its old probe.
-	un4 := registerProviders([]string{"b"})
+	un4 := registerProviders("s", []string{"b"})
 	defer un4()
 	if p := listProviders()[0]; p.Probe != nil {
 		t.Errorf("a new registration kept an old probe: %+v", p.Probe)
@@ -94,8 +94,10 @@ func TestRegistryConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for j := range 200 {
 				name := fmt.Sprintf("p%d", j%5)
-				un := registerProviders([]string{name, "shared"})
-				setProbe(name, ProbeResult{OK: i%2 == 0, At: time.Now()})
+				scope := fmt.Sprintf("s%d", i%3)
+				un := registerProviders(scope, []string{name, "shared"})
+				setProbe(scope, name, ProbeResult{OK: i%2 == 0, At: time.Now()})
+				probeOf(scope, "shared")
 				listProviders()
 				un()
 			}
@@ -749,20 +751,26 @@ func TestAdminProviders(t *testing.T) {
 		t.Fatalf("providers %v, want []", got)
 	}
 
-	un := registerProviders([]string{"primary", "fallback"})
+	un := registerProviders("s", []string{"primary", "fallback"})
 	defer un()
 	at := time.Date(2026, 3, 4, 5, 6, 7, 800, time.FixedZone("x", 3600))
-	setProbe("fallback", ProbeResult{OK: false, Error: "status 503", At: at, Status: 503})
+	setProbe("s", "fallback", ProbeResult{OK: false, Error: "status 503", At: at, Status: 503})
 
 	type providersBody struct {
 		Providers []struct {
+			Scope string          `json:"scope"`
 			Name  string          `json:"name"`
 			Probe json.RawMessage `json:"probe"`
 		} `json:"providers"`
 	}
 	body := decode[providersBody](t, do(t, h, "GET", "/idempotency/providers", ""), 200)
-	if len(body.Providers) != 2 || body.Providers[0].Name != "primary" || body.Providers[1].Name != "fallback" {
+	if len(body.Providers) != 2 || body.Providers[0].Name != "primary" || body.Providers[1].Name != "fallback" ||
+		body.Providers[0].Scope != "s" || body.Providers[1].Scope != "s" {
 		t.Fatalf("providers %+v", body.Providers)
+	}
+	fields := decode[map[string][]map[string]any](t, do(t, h, "GET", "/idempotency/providers", ""), 200)
+	if got := keysOf(fields["providers"][0]); !slices.Equal(got, []string{"name", "probe", "scope"}) {
+		t.Errorf("provider fields %v", got)
 	}
 	if string(body.Providers[0].Probe) != "null" {
 		t.Errorf("primary probe %s, want null", body.Providers[0].Probe)

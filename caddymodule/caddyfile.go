@@ -31,6 +31,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	idempotency [<matcher>] {
+//		scope <name>
 //		ledger file [<path>] | memory | postgres <dsn> [<schema>] | redis <url> [<prefix>]
 //		cache redis <url> [<prefix>]
 //		owner <value>
@@ -91,6 +92,10 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 		switch name {
 		case "ledger":
 			err = h.parseLedger(d, args)
+		case "scope":
+			if h.Scope, err = one(d, args); err == nil && !validScope(h.Scope) {
+				return d.Errf("scope %q: want 1 to %d visible characters, no spaces", h.Scope, maxScopeLen)
+			}
 		case "owner":
 			h.Owner, err = one(d, args)
 		case "owner_secret":

@@ -88,6 +88,7 @@ var caddyfileSeeds = []string{
 	"idempotency {\n\tprovider a\n}",
 	"idempotency {\n\tprovider a {\n\t\treverse_proxy 127.0.0.1:1 {\n\t\t\tlb_retry_match {\n\t\t\t\tmethod POST\n\t\t\t}\n\t\t}\n\t}\n}",
 	"idempotency {\n\tprovider a {\n\t\treverse_proxy 127.0.0.1:1 {\n\t\t\trequest_buffers 1k\n\t\t}\n\t}\n}",
+	"idempotency {\n\tscope api.example.com\n}",
 	"idempotency {\n\trequire_key {\n\t\tx\n\t}\n}",
 	"idempotency {\n\t{\n\t}\n}",
 	"idempotency {\n\tmethods\n}",

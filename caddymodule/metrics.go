@@ -10,10 +10,15 @@ import (
 	"github.com/onejob/onejob/proxy"
 )
 
-// metrics are the gateway's Prometheus collectors (SPEC section 5). Labels
-// are bounded: outcomes, providers named in the config, attempt results and
+// metrics are the gateway's Prometheus collectors (SPEC section 5), as one
+// handler counts into them. Labels are bounded: outcomes, the scopes of the
+// configured handlers, providers named in the config, attempt results and
 // ledger operations; never a key or an owner.
 type metrics struct {
+	// scope is the handler's: the provider metrics carry it, so that
+	// providers of the same name in two handlers are two series.
+	scope string
+
 	requests  *prometheus.CounterVec
 	attempts  *prometheus.CounterVec
 	racesLost prometheus.Counter
@@ -44,10 +49,11 @@ var ledgerBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025
 
 // newMetrics registers the collectors on reg, or reuses the ones already
 // registered there: every handler calls it in Provision, and several
-// handlers (and the configs of a reload) share one registry.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// handlers (and the configs of a reload) share one registry. The handler's
+// scope labels its provider metrics.
+func newMetrics(reg prometheus.Registerer, scope string) (*metrics, error) {
 	var (
-		m   metrics
+		m   = metrics{scope: scope}
 		err error
 	)
 	if m.requests, err = registerOrExisting(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -62,8 +68,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Namespace: metricsNamespace,
 		Subsystem: metricsSubsystem,
 		Name:      "attempts_total",
-		Help:      "Finished attempts by provider and result: succeeded, lost, failed, unknown.",
-	}, []string{"provider", "result"})); err != nil {
+		Help:      "Finished attempts by handler scope, provider and result: succeeded, lost, failed, unknown.",
+	}, []string{"scope", "provider", "result"})); err != nil {
 		return nil, err
 	}
 	if m.racesLost, err = registerOrExisting(reg, prometheus.NewCounter(prometheus.CounterOpts{
@@ -103,8 +109,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Namespace: metricsNamespace,
 		Subsystem: metricsSubsystem,
 		Name:      "probe_ok",
-		Help:      "1 when the provider's latest probe passed the contract, 0 when it failed.",
-	}, []string{"provider"})); err != nil {
+		Help:      "1 when the provider's latest probe passed the contract, 0 when it failed, by handler scope and provider.",
+	}, []string{"scope", "provider"})); err != nil {
 		return nil, err
 	}
 	m.requestsBy = make(map[string]prometheus.Counter, len(requestOutcomes))
@@ -124,7 +130,7 @@ func (m *metrics) Probe(provider string, ok bool) {
 	if ok {
 		v = 1
 	}
-	m.probeOK.WithLabelValues(provider).Set(v)
+	m.probeOK.WithLabelValues(m.scope, provider).Set(v)
 }
 
 // registerOrExisting registers c on reg, or returns the equal collector
@@ -156,7 +162,7 @@ func (m *metrics) Request(outcome string) {
 
 // Attempt implements proxy.Observer.
 func (m *metrics) Attempt(provider, result string) {
-	m.attempts.WithLabelValues(provider, result).Inc()
+	m.attempts.WithLabelValues(m.scope, provider, result).Inc()
 }
 
 // RaceLost implements proxy.Observer.

@@ -14,11 +14,11 @@ import (
 // the same series.
 func TestMetricsReuse(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	m1, err := newMetrics(reg)
+	m1, err := newMetrics(reg, "srv0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2, err := newMetrics(reg)
+	m2, err := newMetrics(reg, "srv0")
 	if err != nil {
 		t.Fatalf("second registration: %v", err)
 	}
@@ -48,10 +48,10 @@ func TestMetricsReuse(t *testing.T) {
 	}
 
 	want := `
-# HELP caddy_idempotency_attempts_total Finished attempts by provider and result: succeeded, lost, failed, unknown.
+# HELP caddy_idempotency_attempts_total Finished attempts by handler scope, provider and result: succeeded, lost, failed, unknown.
 # TYPE caddy_idempotency_attempts_total counter
-caddy_idempotency_attempts_total{provider="primary",result="lost"} 1
-caddy_idempotency_attempts_total{provider="primary",result="succeeded"} 1
+caddy_idempotency_attempts_total{provider="primary",result="lost",scope="srv0"} 1
+caddy_idempotency_attempts_total{provider="primary",result="succeeded",scope="srv0"} 1
 # HELP caddy_idempotency_in_flight Attempts running now.
 # TYPE caddy_idempotency_in_flight gauge
 caddy_idempotency_in_flight 1
@@ -110,7 +110,7 @@ func TestMetricsConflict(t *testing.T) {
 		Name: "caddy_idempotency_races_lost_total",
 		Help: "Something else.",
 	}))
-	if _, err := newMetrics(reg); err == nil {
+	if _, err := newMetrics(reg, "srv0"); err == nil {
 		t.Fatal("newMetrics reused a conflicting collector")
 	}
 }

@@ -33,6 +33,21 @@ func init() {
 // key run at most once per (owner, key); retries and duplicates get the
 // stored answer. In drop-in mode the rest of the route is the provider.
 type Handler struct {
+	// Scope names this handler's providers apart from those of other
+	// idempotency handlers: probe results, failover eligibility, the admin
+	// API's provider list, the jobs page and the scope label of the
+	// provider metrics are kept per scope, so two sites that both have a
+	// provider named fallback never gate each other's failover. Default:
+	// the name of the HTTP server the handler is in (its key under
+	// apps.http.servers; srv0, srv1... from the Caddyfile, or the name the
+	// servers global option gives it), and for the server's second and
+	// later idempotency handlers, in config order, that name followed by
+	// #2, #3...: srv0, srv0#2. Set it (1 to 100 visible characters, no
+	// spaces; unique among the config's handlers) to keep a handler's
+	// name when sites are added or reordered, or to name it after the site
+	// (api.example.com).
+	Scope string `json:"scope,omitempty"`
+
 	// The ledger that records jobs and attempts. Default: the file ledger
 	// in Caddy's data directory.
 	LedgerRaw json.RawMessage `json:"ledger,omitempty" caddy:"namespace=idempotency.ledgers inline_key=backend"`
@@ -125,11 +140,13 @@ type Handler struct {
 	// its latest probe passed. Needs provider blocks.
 	Probe *ProbeConfig `json:"probe,omitempty"`
 
+	scope      string
 	ledger     LedgerModule
 	cache      *cacheHolder
 	mw         *proxy.Middleware
 	logger     *zap.Logger
 	unregister func()
+	eligible   func(int) bool // nil: every provider may take a failover or hedge
 }
 
 // CaddyModule returns the Caddy module information.
@@ -143,6 +160,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets up the ledger and the request flow.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	var err error
+	if h.scope, err = claimScope(ctx, h.Scope); err != nil {
+		return err
+	}
 	if h.LedgerRaw == nil {
 		h.LedgerRaw = json.RawMessage(`{"backend":"file"}`)
 	}
@@ -178,7 +199,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		providers = append(providers, proxy.Provider{Name: p.Name, Handler: p})
 	}
 
-	obs, err := newMetrics(ctx.GetMetricsRegistry())
+	obs, err := newMetrics(ctx.GetMetricsRegistry(), h.scope)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
@@ -202,9 +223,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			names = append(names, p.Name)
 		}
 	}
-	h.unregister = registerProviders(names)
+	h.unregister = registerProviders(h.scope, names)
 
-	var eligible func(int) bool
 	if h.Probe != nil {
 		if len(h.Providers) == 0 {
 			return errors.New("probe needs provider blocks: in drop-in mode there is no provider to probe")
@@ -217,8 +237,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			timeout:  time.Duration(h.AttemptTimeout),
 			max:      h.MaxResponseBody,
 			contract: contract,
+			scope:    h.scope,
 			metrics:  obs,
-			logger:   h.logger,
+			logger:   h.logger.With(zap.String("scope", h.scope)),
 		}
 		if pr.timeout <= 0 {
 			pr.timeout = 30 * time.Second
@@ -232,16 +253,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 		}
 		pr.start(ctx, h.Providers)
-		eligible = func(i int) bool {
-			r := probeOf(names[i])
-			return r != nil && r.OK
-		}
+		h.eligible = probedEligible(h.scope, names)
 	}
 
 	cfg := proxy.Config{
 		Observer:           obs,
 		Contract:           contract,
-		Eligible:           eligible,
+		Eligible:           h.eligible,
 		Providers:          providers,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
 		Ledger:             led,

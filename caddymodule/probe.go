@@ -35,6 +35,7 @@ const defaultProbeEvery = 30 * time.Second
 // unloaded.
 type prober struct {
 	cfg      ProbeConfig
+	scope    string // the handler's: results are kept per scope and provider
 	body     []byte
 	timeout  time.Duration
 	max      int64
@@ -59,7 +60,7 @@ func (pr *prober) start(ctx context.Context, providers []*Provider) {
 				if ctx.Err() != nil {
 					return
 				}
-				setProbe(p.Name, r)
+				setProbe(pr.scope, p.Name, r)
 				pr.metrics.Probe(p.Name, r.OK)
 				switch {
 				case !r.OK:

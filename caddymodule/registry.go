@@ -8,14 +8,23 @@ import (
 )
 
 // The provider registry lists the providers of every provisioned handler in
-// this process, for the admin API. Handlers of an old and a new config
-// overlap during a reload, so a name is counted, not owned: it is listed
-// once, and disappears when its last registration is gone.
+// this process, for the admin API, with each one's latest probe, which
+// failover and hedging consult. A provider is known by its handler's scope
+// and its name: two handlers' providers of the same name are two entries.
+// Handlers of an old and a new config overlap during a reload, and a
+// handler keeps its scope across reloads, so an entry is counted, not
+// owned: it is listed once, and disappears when its last registration is
+// gone.
 var providerRegistry = struct {
 	sync.Mutex
-	byName map[string]*providerEntry
-	seq    uint64 // order of first registration
-}{byName: make(map[string]*providerEntry)}
+	byKey map[providerKey]*providerEntry
+	seq   uint64 // order of first registration
+}{byKey: make(map[providerKey]*providerEntry)}
+
+// providerKey is a provider as the registry knows it.
+type providerKey struct {
+	scope, name string
+}
 
 type providerEntry struct {
 	refs  int
@@ -38,22 +47,25 @@ type ProbeResult struct {
 // ProviderStatus is a provider as the admin API lists it. Probe is nil
 // while the provider has no probe result.
 type ProviderStatus struct {
+	Scope string
 	Name  string
 	Probe *ProbeResult
 }
 
-// registerProviders records a provisioned handler's providers, in order.
-// The returned function removes this registration; call it on Cleanup.
-// Calling it more than once has no further effect.
-func registerProviders(names []string) (unregister func()) {
+// registerProviders records a provisioned handler's providers, in order,
+// under the handler's scope. The returned function removes this
+// registration; call it on Cleanup. Calling it more than once has no
+// further effect.
+func registerProviders(scope string, names []string) (unregister func()) {
 	names = uniqueNames(names)
 	providerRegistry.Lock()
 	for _, n := range names {
-		e := providerRegistry.byName[n]
+		k := providerKey{scope, n}
+		e := providerRegistry.byKey[k]
 		if e == nil {
 			providerRegistry.seq++
 			e = &providerEntry{seq: providerRegistry.seq}
-			providerRegistry.byName[n] = e
+			providerRegistry.byKey[k] = e
 		}
 		e.refs++
 	}
@@ -65,12 +77,13 @@ func registerProviders(names []string) (unregister func()) {
 			providerRegistry.Lock()
 			defer providerRegistry.Unlock()
 			for _, n := range names {
-				e := providerRegistry.byName[n]
+				k := providerKey{scope, n}
+				e := providerRegistry.byKey[k]
 				if e == nil {
 					continue
 				}
 				if e.refs--; e.refs <= 0 {
-					delete(providerRegistry.byName, n)
+					delete(providerRegistry.byKey, k)
 				}
 			}
 		})
@@ -92,10 +105,10 @@ func uniqueNames(names []string) []string {
 // setProbe records the latest probe result of a registered provider. A
 // result for a provider no handler registers (a probe loop outliving its
 // config) is dropped.
-func setProbe(name string, r ProbeResult) {
+func setProbe(scope, name string, r ProbeResult) {
 	providerRegistry.Lock()
 	defer providerRegistry.Unlock()
-	if e := providerRegistry.byName[name]; e != nil {
+	if e := providerRegistry.byKey[providerKey{scope, name}]; e != nil {
 		e.probe = &r
 	}
 }
@@ -108,9 +121,9 @@ func listProviders() []ProviderStatus {
 		st  ProviderStatus
 	}
 	providerRegistry.Lock()
-	items := make([]item, 0, len(providerRegistry.byName))
-	for n, e := range providerRegistry.byName {
-		st := ProviderStatus{Name: n}
+	items := make([]item, 0, len(providerRegistry.byKey))
+	for k, e := range providerRegistry.byKey {
+		st := ProviderStatus{Scope: k.scope, Name: k.name}
 		if e.probe != nil {
 			p := *e.probe
 			st.Probe = &p
@@ -127,13 +140,24 @@ func listProviders() []ProviderStatus {
 }
 
 // probeOf returns a copy of the provider's latest probe result, or nil.
-func probeOf(name string) *ProbeResult {
+func probeOf(scope, name string) *ProbeResult {
 	providerRegistry.Lock()
 	defer providerRegistry.Unlock()
-	e := providerRegistry.byName[name]
+	e := providerRegistry.byKey[providerKey{scope, name}]
 	if e == nil || e.probe == nil {
 		return nil
 	}
 	r := *e.probe
 	return &r
+}
+
+// probedEligible says which of a handler's providers (by index into names)
+// may take a failover or a hedge: those whose latest probe, in the
+// handler's scope, passed.
+func probedEligible(scope string, names []string) func(int) bool {
+	names = slices.Clone(names)
+	return func(i int) bool {
+		r := probeOf(scope, names[i])
+		return r != nil && r.OK
+	}
 }
