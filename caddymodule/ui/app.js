@@ -248,17 +248,19 @@ function providersPanel(data) {
 	panel.append(el("table", {class: "providers"},
 		el("thead", {}, el("tr", {},
 			el("th", {}, "Provider"), el("th", {}, "Latest probe"), el("th", {class: "num"}, "Status"),
-			el("th", {}, "Probed at (UTC)"), el("th", {}, "Error"))),
+			el("th", {}, "Probed at (UTC)"), el("th", {}, "Error"),
+			el("th", {title: "The idempotency handler that declares the provider: providers of the same name in two handlers are two providers"}, "Scope"))),
 		el("tbody", {}, data.providers.map((p) => {
 			const probe = p.probe;
 			const result = !probe ? el("span", {class: "badge probe-none"}, "no probe") :
 				probe.ok ? el("span", {class: "badge probe-ok"}, "passed") : el("span", {class: "badge probe-failed"}, "failed");
-			return el("tr", {dataset: {provider: p.name}},
+			return el("tr", {dataset: {provider: p.name, scope: p.scope}},
 				el("td", {}, p.name),
 				el("td", {}, result),
 				el("td", {class: "num"}, probe && probe.status ? probe.status : "—"),
 				el("td", {class: "time"}, probe ? formatTime(probe.at) : "—"),
-				el("td", {class: "error"}, probe && probe.error ? probe.error : ""));
+				el("td", {class: "error"}, probe && probe.error ? probe.error : ""),
+				el("td", {class: "scope"}, p.scope));
 		}))));
 	return panel;
 }
