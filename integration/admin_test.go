@@ -225,9 +225,9 @@ func TestMetrics(t *testing.T) {
 		`caddy_idempotency_requests_total{outcome="waited"} 1`,
 		`caddy_idempotency_requests_total{outcome="conflict"} 1`,
 		`caddy_idempotency_requests_total{outcome="unknown"} 1`,
-		`caddy_idempotency_attempts_total{provider="primary",result="succeeded"} 2`,
-		`caddy_idempotency_attempts_total{provider="primary",result="failed"} 1`,
-		`caddy_idempotency_attempts_total{provider="fallback",result="succeeded"} 1`,
+		`caddy_idempotency_attempts_total{provider="primary",result="succeeded",scope="srv0"} 2`,
+		`caddy_idempotency_attempts_total{provider="primary",result="failed",scope="srv0"} 1`,
+		`caddy_idempotency_attempts_total{provider="fallback",result="succeeded",scope="srv0"} 1`,
 		`caddy_idempotency_in_flight 1`, // the slow attempt still runs
 		`caddy_idempotency_ledger_seconds_count{operation="reserve"} 9`,
 		`caddy_idempotency_ledger_seconds_count{operation="mark_unknown"} 1`,

@@ -108,7 +108,7 @@ func TestFailedProbeBlocksFailover(t *testing.T) {
 		t.Errorf("the primary still serves: %v", ok)
 	}
 	_, metrics := g.adminCall(t, http.MethodGet, "/metrics", "")
-	if !strings.Contains(metrics, `caddy_idempotency_probe_ok{provider="fallback"} 0`) || !strings.Contains(metrics, `caddy_idempotency_probe_ok{provider="primary"} 1`) {
+	if !strings.Contains(metrics, `caddy_idempotency_probe_ok{provider="fallback",scope="srv0"} 0`) || !strings.Contains(metrics, `caddy_idempotency_probe_ok{provider="primary",scope="srv0"} 1`) {
 		t.Errorf("probe metrics missing")
 	}
 	if !strings.Contains(g.out.String(), "probe failed") {
