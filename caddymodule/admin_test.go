@@ -594,7 +594,8 @@ func TestAdminResolveCancel(t *testing.T) {
 		t.Fatalf("cancelled attempt %v", a)
 	}
 
-	// The cancelled attempt's late result loses.
+	// The cancelled attempt's late result loses; the attempt stays
+	// cancelled, so it never blocks the job again.
 	c, err := mem.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("late"), Size: 4, Stored: true})
 	if err != nil {
 		t.Fatal(err)
@@ -602,8 +603,8 @@ func TestAdminResolveCancel(t *testing.T) {
 	if c.Won || c.Job.State != ledger.JobFailed || c.Job.Response != nil {
 		t.Fatalf("late result after cancel: won %v, job %+v", c.Won, c.Job)
 	}
-	if got := c.Job.Attempts[0].State; got != ledger.AttemptLost {
-		t.Errorf("late attempt is %s, want lost", got)
+	if got := c.Job.Attempts[0].State; got != ledger.AttemptCancelled {
+		t.Errorf("late attempt is %s, want cancelled", got)
 	}
 
 	// A retry may start a new attempt under the same job.

@@ -22,7 +22,7 @@ func TestSweeper(t *testing.T) {
 	r, err := mem.Reserve(context.Background(), ledger.ReserveParams{
 		OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
 		Retention: time.Millisecond, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
-	})
+	}.WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
