@@ -42,6 +42,29 @@ type result struct {
 	contract  bool             // the reason is a contract breach
 }
 
+// clientState is where the answer to the client that started a run
+// stands. It moves only forward, out of clientOpen, once: every move of a
+// run that concerns the client (answering 504 at attempt_timeout, starting
+// a hedge, failing over, sending an answer's headers) is allowed only while
+// the state is clientOpen. So once an answer's headers went out, nothing
+// but that answer reaches the client: if it ends early, the client's
+// connection is cut (SPEC section 1, rule 7).
+type clientState int
+
+const (
+	// clientOpen: nothing went to the client yet.
+	clientOpen clientState = iota
+	// clientStreaming: an answer's headers went out; it is the client's
+	// answer whatever the run decides.
+	clientStreaming
+	// clientTimedOut: the client was told 504 at attempt_timeout; the
+	// attempts go on detached, with no failover and no hedge.
+	clientTimedOut
+	// clientSettled: the run decided the client's outcome before anything
+	// went out; the client's goroutine writes it.
+	clientSettled
+)
+
 // runner runs a job's attempts — one provider after another, and a hedge
 // beside the running one — in goroutines detached from the client: they
 // keep going when the client leaves, each bounded by its deadline.
@@ -56,14 +79,12 @@ type runner struct {
 	ended  chan struct{} // closed when an answer passing through ends
 
 	mu        sync.Mutex
+	state     clientState
 	current   ledger.Attempt  // the attempt attempt_timeout watches
 	running   map[string]bool // running attempts: id → headers arrived
 	attempts  map[string]ledger.Attempt
-	timedOut  bool // the client was told 504: no failover, no hedge
-	streaming bool // an answer is passing through to the client
-	streamCut bool // that answer ended early
-	decided   bool
-	out       final
+	streamCut bool   // the answer that went out ended early
+	out       *final // the run's outcome, once decided
 }
 
 func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w http.ResponseWriter, first ledger.Attempt) *runner {
@@ -94,11 +115,15 @@ func (rn *runner) watched() (ledger.Attempt, bool) {
 	return rn.current, rn.answering()
 }
 
+// open reports whether nothing went to the client yet: the one condition
+// of every move that concerns the client. rn.mu must be held.
+func (rn *runner) open() bool { return rn.state == clientOpen }
+
 // answering reports whether a running attempt has answer headers, or an
 // answer is passing through to the client, which stops attempt_timeout and
 // the hedge timer. rn.mu must be held.
 func (rn *runner) answering() bool {
-	if rn.streaming {
+	if rn.state == clientStreaming {
 		return true
 	}
 	for _, headers := range rn.running {
@@ -109,14 +134,18 @@ func (rn *runner) answering() bool {
 	return false
 }
 
-// decide sets the client's outcome, once.
+// decide sets the run's outcome, once. While the client is open, that
+// outcome is its answer.
 func (rn *runner) decide(out final) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	if rn.decided {
+	if rn.out != nil {
 		return
 	}
-	rn.decided, rn.out = true, out
+	rn.out = &out
+	if rn.open() {
+		rn.state = clientSettled
+	}
 	close(rn.done)
 }
 
@@ -125,11 +154,11 @@ func (rn *runner) decide(out final) {
 // unknown. It reports false when headers (or the outcome) won the race.
 func (rn *runner) timeout(att ledger.Attempt) bool {
 	rn.mu.Lock()
-	if rn.answering() || rn.decided || rn.current.ID != att.ID {
+	if !rn.open() || rn.answering() || rn.current.ID != att.ID {
 		rn.mu.Unlock()
 		return false
 	}
-	rn.timedOut = true
+	rn.state = clientTimedOut
 	var stale []ledger.Attempt
 	for id, headers := range rn.running {
 		if !headers {
@@ -151,7 +180,7 @@ func (rn *runner) timeout(att ledger.Attempt) bool {
 func (rn *runner) started() bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	return rn.streaming
+	return rn.state == clientStreaming
 }
 
 // endStream records that the answer passing through to the client ended,
@@ -177,7 +206,7 @@ func (rn *runner) streamEnded() (cut bool) {
 func (rn *runner) leave() bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	if rn.streaming {
+	if rn.state == clientStreaming {
 		return false
 	}
 	rn.client.detach()
@@ -250,7 +279,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 			pending--
 			rn.mu.Lock()
 			delete(rn.running, res.att.ID)
-			decided, timedOut := rn.decided, rn.timedOut
+			open := rn.open()
 			rn.mu.Unlock()
 			p := pol.Providers[res.provider]
 			switch {
@@ -269,7 +298,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 				lastFailure = &res
 				var next *ledger.NextAttempt
 				nextIdx := 0
-				if pending == 0 && !decided && !timedOut {
+				if pending == 0 && open {
 					if i, ok := pol.Failover(latest, res.reason); ok {
 						na := ledger.NewAttempt(pol.Providers[i], m.cfg.AttemptDeadline)
 						next = &na
@@ -330,7 +359,7 @@ func growStack(i int) byte {
 func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 	m := rn.m
 	rn.mu.Lock()
-	skip := rn.answering() || rn.decided || rn.timedOut || len(rn.running) == 0
+	skip := !rn.open() || rn.answering() || len(rn.running) == 0
 	cur := rn.current
 	rn.mu.Unlock()
 	next, ok := m.policy.Hedge(latest)
@@ -571,11 +600,11 @@ func (m *Middleware) lost(att ledger.Attempt, j *ledger.Job, provider string) {
 func (rn *runner) startStream(att ledger.Attempt, c *capture) bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	if rn.timedOut || rn.decided || !rn.client.tryLock() {
+	if !rn.open() || !rn.client.tryLock() {
 		return false
 	}
 	defer rn.client.mu.Unlock()
-	rn.streaming = true
+	rn.state = clientStreaming
 	h := rn.client.w.Header()
 	for k, v := range c.header {
 		h[k] = v

@@ -263,7 +263,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 				}
 				return nil
 			}
-			m.answer(w, r, rn.out, res.Job.ID)
+			m.answer(w, r, *rn.out, res.Job.ID)
 			return nil
 		case <-rn.wake:
 		case <-timer.C:
@@ -287,10 +287,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 }
 
 // answer sends the outcome of a run to the client that started it.
+// An answer that went out as it arrived is not this: see clientState.
 func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, jobID string) {
-	if out.sent {
-		return
-	}
 	switch out.verdict {
 	case fallback.Result:
 		if out.won || out.storeErr != nil {
