@@ -141,6 +141,9 @@ type Config struct {
 	// otherwise they wait up to InFlightWait (default AttemptTimeout).
 	InFlightReject bool
 	InFlightWait   time.Duration
+	// MaxWait caps the wait a client asks for with Prefer: wait=N (which
+	// applies whatever InFlightReject says); default AttemptDeadline.
+	MaxWait time.Duration
 
 	FailoverOn FailoverOn
 	// Providers are tried in order; empty means the next handler.
@@ -221,6 +224,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.InFlightWait <= 0 {
 		c.InFlightWait = c.AttemptTimeout
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = c.AttemptDeadline
 	}
 	if c.FailoverOn.Statuses == nil && !c.FailoverOn.ConnectError && !c.FailoverOn.Contract {
 		c.FailoverOn = DefaultFailoverOn()

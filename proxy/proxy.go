@@ -169,12 +169,19 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		m.cfg.Observer.Request("replayed")
 		m.replay(w, r, res.Job, res.Now)
 	case ledger.InFlight:
-		if m.cfg.InFlightReject {
+		wait, preferred := preferredWait(r.Header)
+		if preferred {
+			wait = min(wait, m.cfg.MaxWait)
+			w.Header().Set(HeaderPreferenceApplied, appliedWait(wait))
+		} else if !m.cfg.InFlightReject {
+			wait = m.cfg.InFlightWait
+		}
+		if wait <= 0 {
 			m.cfg.Observer.Request("rejected")
 			m.inFlight(w, jobID, res.Attempt, res.Now)
 			return nil
 		}
-		m.wait(w, r, jobID)
+		m.wait(w, r, jobID, wait)
 	case ledger.Unknown:
 		m.cfg.Observer.Request("unknown")
 		m.unknown(w, jobID, res.Attempt, res.Now)
@@ -370,9 +377,10 @@ func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Jo
 	writeAnswer(w, j.Response, j.ID, true)
 }
 
-// wait holds a duplicate until the job settles or in_flight's wait ends.
-func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string) {
-	ctx, cancel := context.WithTimeout(r.Context(), m.cfg.InFlightWait)
+// wait holds a duplicate until the job settles or the wait ends (in_flight's,
+// or the one the client preferred).
+func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string, wait time.Duration) {
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	j, err := m.cfg.Ledger.Wait(ctx, jobID)
 	if r.Context().Err() != nil {

@@ -742,6 +742,11 @@ func TestInFlightReject(t *testing.T) {
 // then a duplicate that waits; it returns both answers' channels. A
 // *memory.Ledger in cfg is used, else a new one.
 func waitScenario(t *testing.T, cfg Config, answer upstreamFunc) (h *harness, release chan struct{}, first, dup <-chan *httptest.ResponseRecorder) {
+	return waitScenarioDup(t, cfg, answer, post("k", `{}`))
+}
+
+// waitScenarioDup is waitScenario with the duplicate request dupReq.
+func waitScenarioDup(t *testing.T, cfg Config, answer upstreamFunc, dupReq *http.Request) (h *harness, release chan struct{}, first, dup <-chan *httptest.ResponseRecorder) {
 	ml, ok := cfg.Ledger.(*memory.Ledger)
 	if !ok {
 		ml = memory.New()
@@ -757,7 +762,7 @@ func waitScenario(t *testing.T, cfg Config, answer upstreamFunc) (h *harness, re
 	})
 	first = h.goDo(post("k", `{}`))
 	recv(t, entered, "the upstream call")
-	dup = h.goDo(post("k", `{}`))
+	dup = h.goDo(dupReq)
 	recv(t, hl.waits, "the duplicate to wait")
 	return h, release, first, dup
 }
