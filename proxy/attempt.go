@@ -24,6 +24,7 @@ type final struct {
 	status   int              // the problem status for unknown (502, 504)
 	answer   *ledger.Response // the provider's answer, when there is one
 	won      bool             // the answer won the result slot
+	expires  time.Time        // when the job's key stops being one intent, if known
 	job      *ledger.Job      // the job after a lost CAS
 	sent     bool             // the answer already went to the client
 	contract bool             // the reason is a contract breach
@@ -438,7 +439,7 @@ func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool)
 	case fallback.Result:
 		out := rn.complete(h.att, m.policy.Providers[h.provider], head)
 		if out.won || out.storeErr != nil {
-			out.sent = rn.startStream(h.att, c)
+			out.sent = rn.startStream(h.att, c, out.expires)
 		}
 		h.committed = &out
 		if out.sent {
@@ -450,7 +451,7 @@ func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool)
 			return nil, false, overflow
 		}
 		out := final{verdict: fallback.Failed, reason: reason, answer: head}
-		out.sent = rn.startStream(h.att, c)
+		out.sent = rn.startStream(h.att, c, time.Time{})
 		h.committed = &out
 		if out.sent {
 			return rn.client, false, true
@@ -577,7 +578,7 @@ func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.R
 		return final{verdict: fallback.Result, answer: answer, storeErr: err}
 	case c.Won:
 		m.cfg.Observer.Attempt(provider, "succeeded")
-		return final{verdict: fallback.Result, answer: answer, won: true}
+		return final{verdict: fallback.Result, answer: answer, won: true, expires: c.Job.ExpiresAt}
 	}
 	m.lost(att, c.Job, provider)
 	return final{verdict: fallback.Result, answer: answer, job: c.Job}
@@ -597,7 +598,7 @@ func (m *Middleware) lost(att ledger.Attempt, j *ledger.Job, provider string) {
 
 // startStream sends the answer's headers to the client, if it is still
 // there, and marks the answer as passing through.
-func (rn *runner) startStream(att ledger.Attempt, c *capture) bool {
+func (rn *runner) startStream(att ledger.Attempt, c *capture, expires time.Time) bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	if !rn.open() || !rn.client.tryLock() {
@@ -610,6 +611,7 @@ func (rn *runner) startStream(att ledger.Attempt, c *capture) bool {
 		h[k] = v
 	}
 	h.Set(HeaderJobID, att.JobID)
+	setExpires(h, expires)
 	rn.client.w.WriteHeader(c.status)
 	return true
 }

@@ -25,6 +25,9 @@ const (
 	HeaderJobID       = "Idempotency-Job-Id"
 	HeaderAttempt     = "Idempotency-Attempt"
 	HeaderReplayed    = "Idempotent-Replayed"
+	// HeaderExpires tells when a settled job's key stops being one intent:
+	// onejob's header, not the IETF draft's.
+	HeaderExpires = "Idempotency-Expires"
 	DefaultProvider   = "next"
 	defaultRetention  = 24 * time.Hour
 	defaultTimeout    = 30 * time.Second

@@ -104,3 +104,27 @@ func TestPreferWaitCapped(t *testing.T) {
 func waitScenarioWith(t *testing.T, cfg Config, prefer string) (*harness, chan struct{}, <-chan *httptest.ResponseRecorder, <-chan *httptest.ResponseRecorder) {
 	return waitScenarioDup(t, cfg, created, withPrefer(post("k", `{}`), prefer))
 }
+
+// Every answer whose job is settled says when its key stops being one
+// intent: the first answer and its replays alike, by the ledger's clock.
+func TestIdempotencyExpires(t *testing.T) {
+	h := newHarness(t, Config{Ledger: skewed(-time.Hour), Retention: time.Hour}, nil)
+	first := h.do(post("k", `{}`))
+	h.waitRun()
+	j := h.job(jobID(t, first))
+	want := j.ExpiresAt.UTC().Format(http.TimeFormat)
+	if got := first.Header().Get(HeaderExpires); got != want {
+		t.Errorf("first answer: %s %q, want %q", HeaderExpires, got, want)
+	}
+	replay := h.do(post("k", `{}`))
+	if got := replay.Header().Get(HeaderExpires); got != want || replay.Header().Get(HeaderReplayed) != "true" {
+		t.Errorf("replay: %s %q, want %q", HeaderExpires, got, want)
+	}
+	// A job in flight is not settled: no expiry.
+	_, release, firstCh, dupCh := waitScenarioWith(t, Config{AttemptTimeout: patience, MaxWait: 50 * time.Millisecond}, "wait=1")
+	if got := recv(t, dupCh, "the duplicate's answer").Header().Get(HeaderExpires); got != "" {
+		t.Errorf("in flight: %s %q", HeaderExpires, got)
+	}
+	close(release)
+	recv(t, firstCh, "the first answer")
+}

@@ -299,6 +299,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 	switch out.verdict {
 	case fallback.Result:
 		if out.won || out.storeErr != nil {
+			setExpires(w.Header(), out.expires)
 			writeAnswer(w, out.answer, jobID, false)
 			return
 		}
@@ -341,6 +342,14 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 	}
 }
 
+// setExpires tells when a settled job's key stops being one intent, when
+// the ledger said so (an HTTP-date of the ledger's clock).
+func setExpires(h http.Header, t time.Time) {
+	if !t.IsZero() {
+		h.Set(HeaderExpires, t.UTC().Format(http.TimeFormat))
+	}
+}
+
 // writeAnswer sends a recorded answer.
 func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
 	h := w.Header()
@@ -359,6 +368,7 @@ func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replay
 // stored. now is the ledger's clock when j was read; zero when j was read
 // just now.
 func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time) {
+	setExpires(w.Header(), j.ExpiresAt)
 	if j.Response != nil && !j.Response.Stored && j.Response.Size < 0 && (now.IsZero() || now.Sub(j.CompletedAt) < m.cfg.AttemptDeadline) {
 		// The answer won while it was still streaming to its first
 		// client; its body is not recorded yet.
@@ -409,6 +419,7 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string, 
 		m.replay(w, r, j, j.ReadAt)
 	case j.State == ledger.JobFailed:
 		m.cfg.Observer.Request("waited")
+		setExpires(w.Header(), j.ExpiresAt)
 		problem(http.StatusServiceUnavailable, ProblemAttemptFailed, "Attempt failed").
 			withDetail("The attempt this request waited for failed definitively; a retry may start a new attempt.").
 			withJob(jobID).retry(time.Second).Write(w)
