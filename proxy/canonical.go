@@ -17,6 +17,17 @@ import (
 // (quote, backslash and control characters), numbers and literals as
 // written. It is parsed by hand, in one pass with a few allocations: it
 // runs for every request, replays included.
+//
+// It is not RFC 8785 (JCS), on purpose. JCS rewrites every number as the
+// shortest form of the IEEE 754 double nearest to it, so an amount or an
+// id past 2^53 (9007199254740993) or with more decimals than a double
+// holds would get the fingerprint of a different number: two requests that
+// differ only there would be one intent, and the second would get the
+// first's answer. Here numbers are compared as written, every digit kept;
+// the price is that 1, 1.0 and 1e0 are different documents (a mismatch,
+// never a wrong replay). Keys are ordered by their UTF-8 bytes, where JCS
+// uses UTF-16 code units; the two orders differ only for keys holding
+// characters above U+FFFF.
 func CanonicalJSON(body []byte) ([]byte, bool) {
 	if !utf8.Valid(body) || loneSurrogate(body) {
 		return nil, false

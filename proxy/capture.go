@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 )
 
@@ -173,6 +174,14 @@ func (c *client) Flush() {
 var hopHeaders = []string{
 	"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date",
+}
+
+// NeverStored reports whether the header named name (in any case) is one no
+// stored answer carries (SPEC section 2): a hop-by-hop header, or Date,
+// which a replay sets anew. An answer given by other means (an operator's,
+// through the admin API) is held to the same list.
+func NeverStored(name string) bool {
+	return slices.Contains(hopHeaders, http.CanonicalHeaderKey(name))
 }
 
 // storedHeader returns the end-to-end headers of h: the ones a replay sends.

@@ -21,19 +21,24 @@ import (
 
 // Headers the gateway reads or sets.
 const (
-	DefaultKeyHeader  = "Idempotency-Key"
-	HeaderJobID       = "Idempotency-Job-Id"
-	HeaderAttempt     = "Idempotency-Attempt"
-	HeaderReplayed    = "Idempotent-Replayed"
+	DefaultKeyHeader = "Idempotency-Key"
+	HeaderJobID      = "Idempotency-Job-Id"
+	HeaderAttempt    = "Idempotency-Attempt"
+	HeaderReplayed   = "Idempotent-Replayed"
 	// HeaderExpires tells when a settled job's key stops being one intent:
 	// onejob's header, not the IETF draft's.
-	HeaderExpires = "Idempotency-Expires"
-	DefaultProvider   = "next"
-	defaultRetention  = 24 * time.Hour
-	defaultTimeout    = 30 * time.Second
-	defaultDeadline   = 5 * time.Minute
-	defaultMaxRequest = 1 << 20
-	defaultMaxAnswer  = 8 << 20
+	HeaderExpires   = "Idempotency-Expires"
+	DefaultProvider = "next"
+)
+
+// The defaults a zero Config takes (SPEC section 3). Callers that derive a
+// value from one (a bound sized for the largest stored answer) name these.
+const (
+	DefaultRetention       = 24 * time.Hour
+	DefaultAttemptTimeout  = 30 * time.Second
+	DefaultAttemptDeadline = 5 * time.Minute
+	DefaultMaxRequestBody  = 1 << 20
+	DefaultMaxResponseBody = 8 << 20
 )
 
 // Handler is a next handler that returns an error, as Caddy's do.
@@ -208,19 +213,19 @@ func (c *Config) setDefaults() error {
 	}
 	c.FingerprintHeaders = headers
 	if c.MaxRequestBody <= 0 {
-		c.MaxRequestBody = defaultMaxRequest
+		c.MaxRequestBody = DefaultMaxRequestBody
 	}
 	if c.MaxResponseBody <= 0 {
-		c.MaxResponseBody = defaultMaxAnswer
+		c.MaxResponseBody = DefaultMaxResponseBody
 	}
 	if c.Retention <= 0 {
-		c.Retention = defaultRetention
+		c.Retention = DefaultRetention
 	}
 	if c.AttemptTimeout <= 0 {
-		c.AttemptTimeout = defaultTimeout
+		c.AttemptTimeout = DefaultAttemptTimeout
 	}
 	if c.AttemptDeadline <= 0 {
-		c.AttemptDeadline = defaultDeadline
+		c.AttemptDeadline = DefaultAttemptDeadline
 	}
 	if c.AttemptDeadline < c.AttemptTimeout {
 		return fmt.Errorf("proxy: attempt_deadline (%v) is shorter than attempt_timeout (%v)", c.AttemptDeadline, c.AttemptTimeout)

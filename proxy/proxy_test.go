@@ -1614,8 +1614,8 @@ func TestConfigDefaultsAndErrors(t *testing.T) {
 	if c.KeyHeader != "X-Idem-Key" || c.Methods[0] != "PUT" || c.FingerprintHeaders[0] != "X-Account" {
 		t.Errorf("names not canonical: %q %q %q", c.KeyHeader, c.Methods, c.FingerprintHeaders)
 	}
-	if c.AttemptTimeout != defaultTimeout || c.AttemptDeadline != defaultDeadline || c.InFlightWait != c.AttemptTimeout ||
-		c.MaxRequestBody != defaultMaxRequest || c.MaxResponseBody != defaultMaxAnswer || c.Retention != defaultRetention {
+	if c.AttemptTimeout != DefaultAttemptTimeout || c.AttemptDeadline != DefaultAttemptDeadline || c.InFlightWait != c.AttemptTimeout ||
+		c.MaxRequestBody != DefaultMaxRequestBody || c.MaxResponseBody != DefaultMaxResponseBody || c.Retention != DefaultRetention {
 		t.Errorf("defaults %+v", c)
 	}
 	if !c.FailoverOn.ConnectError || !c.FailoverOn.Statuses[429] || !c.FailoverOn.Statuses[503] || c.FailoverOn.Statuses[500] {
