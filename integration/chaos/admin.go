@@ -30,11 +30,26 @@ type adminJob struct {
 }
 
 type adminAttempt struct {
-	Number   int     `json:"number"`
-	ID       string  `json:"id"`
-	Provider string  `json:"provider"`
-	State    string  `json:"state"`
-	Error    *string `json:"error"`
+	Number     int     `json:"number"`
+	ID         string  `json:"id"`
+	Provider   string  `json:"provider"`
+	State      string  `json:"state"`
+	StartedAt  *string `json:"started_at"`
+	FinishedAt *string `json:"finished_at"`
+	Error      *string `json:"error"`
+}
+
+// times returns when the attempt started and finished, by the ledger's
+// clock; zero when the ledger does not say.
+func (a adminAttempt) times() (started, finished time.Time) {
+	parse := func(s *string) time.Time {
+		if s == nil {
+			return time.Time{}
+		}
+		t, _ := time.Parse(time.RFC3339Nano, *s)
+		return t
+	}
+	return parse(a.StartedAt), parse(a.FinishedAt)
 }
 
 // getJSON GETs an admin path into v, trying again on errors: the instance

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -26,10 +27,11 @@ import (
 //     key, on the provider it reached, and no attempt arrives twice; an
 //     attempt recorded without an arrival (refused, reset before it was
 //     read, its instance killed first) is fine;
-//   - an attempt recorded failed never executed; one that succeeded or lost
-//     was answered; a job's next attempt starts only after the previous one
-//     failed, and a job is executed at most once (no hedging in the soak);
-//     its arrivals never overlap in time;
+//   - an attempt recorded failed never executed, and one recorded never
+//     sent never arrived; one that succeeded or lost was answered; a job's
+//     next attempt starts only after the previous one failed, and a job is
+//     executed at most once (no hedging in the soak); its arrivals never
+//     overlap in time;
 //   - a completed job's stored status and size are its winning attempt's
 //     answer; only a stream cut short after it won goes unstored;
 //   - every answer a client got was for its own owner and key, names the
@@ -39,7 +41,25 @@ import (
 //     reached a client first-hand only, and its job is unknown;
 //   - after the run, a retry of a completed job replays the stored answer
 //     byte for byte, of an unknown one gets 409 without Retry-After, and
-//     neither reaches the upstream.
+//     neither reaches the upstream;
+//   - an answer is marked Idempotent-Replayed exactly when another
+//     request's attempt produced it: the gateway passes each client
+//     request's X-Chaos-Request upstream, so the arrival an answer's body
+//     names (its Seq) tells which request started the attempt (and its
+//     Idempotency-Job-Id and Idempotency-Attempt, which job and attempt);
+//     wrongly marked and wrongly unmarked answers are counted;
+//   - an attempt is unknown only when it may have reached a provider: one
+//     the upstream never got is unknown legitimately only if its gateway
+//     instance was killed while it ran, or the upstream reset a connection
+//     on accept on its provider while it ran (the gateway may have written
+//     the request into it: nobody can prove it was not sent). Any other
+//     unknown attempt that never arrived is one the gateway knew it never
+//     sent: a violation. Which instance ran an attempt is read from the
+//     clients' record: the instances the requests of its key were sent to
+//     while it started;
+//   - as figures: every unknown job, by the fault that produced it (an
+//     upstream behaviour, a killed instance, a fault on its instance's
+//     ledger link or a ledger restart while its attempt ran).
 
 // evidence is everything a run saw, gathered once every deadline passed.
 type evidence struct {
@@ -53,6 +73,16 @@ type evidence struct {
 	// ArrivalsAfter is the upstream's arrival count after the replays:
 	// a replay of a finished job never reaches the upstream.
 	ArrivalsAfter int
+
+	// The run's settings and faults, to tell a legitimate unknown from
+	// one the gateway should have avoided, and to say which fault
+	// produced each.
+	AttemptTimeout  time.Duration
+	AttemptDeadline time.Duration
+	Kills           []killEvent
+	Restarts        []restartEvent
+	Links           []linkEvent // ledger-link faults, by instance
+	AcceptResets    []acceptReset
 }
 
 // report is the outcome of the checks: violations and figures.
@@ -67,6 +97,16 @@ type report struct {
 	NotRecorded     int // results clients got that the ledger could not record
 	Unstored        int // completed jobs whose stream was cut short, not stored
 	ClientResults   int // results (upstream answers that are no refusal) clients got
+
+	WronglyReplayed int // a request's own answer (or a problem) marked Idempotent-Replayed
+	WronglyUnmarked int // a replay of another request's answer without the mark
+	NeverSent       int // unknown attempts the gateway knew it never sent (violations)
+	Unsent          int // attempts recorded failed because the gateway never sent them
+	// UnknownByCause counts the unknown jobs by the fault that produced
+	// them; UnarrivedUnknown the unknown attempts the upstream never got,
+	// by what makes them legitimate.
+	UnknownByCause   map[string]int
+	UnarrivedUnknown map[string]int
 }
 
 func (r *report) violate(format string, args ...any) {
@@ -86,6 +126,8 @@ type checker struct {
 	winner    map[string]*arrival   // job id → the winning attempt's arrival
 	results   map[string]map[uint64]bool
 	idsByHash map[string]identity
+	byRequest map[uint64]*exchange     // a client request by its X-Chaos-Request
+	requests  map[identity][]*exchange // the requests of an identity
 }
 
 // check runs every check of the soak over the evidence.
@@ -93,8 +135,10 @@ func check(ev *evidence) *report {
 	c := &checker{
 		ev: ev,
 		r: &report{
-			JobsByState:     map[string]int{},
-			AttemptsByState: map[string]int{},
+			JobsByState:      map[string]int{},
+			AttemptsByState:  map[string]int{},
+			UnknownByCause:   map[string]int{},
+			UnarrivedUnknown: map[string]int{},
 		},
 		jobOf:     map[identity]*adminJob{},
 		identOf:   map[string]identity{},
@@ -104,6 +148,13 @@ func check(ev *evidence) *report {
 		winner:    map[string]*arrival{},
 		results:   map[string]map[uint64]bool{},
 		idsByHash: map[string]identity{},
+		byRequest: map[uint64]*exchange{},
+		requests:  map[identity][]*exchange{},
+	}
+	for i := range ev.Exchanges {
+		e := &ev.Exchanges[i]
+		c.byRequest[e.Request] = e
+		c.requests[e.ID] = append(c.requests[e.ID], e)
 	}
 	c.identify()
 	c.arrivals()
@@ -116,6 +167,7 @@ func check(ev *evidence) *report {
 	c.winners()
 	c.exchanges()
 	c.replays()
+	c.unknowns()
 	return c.r
 }
 
@@ -201,6 +253,10 @@ func (c *checker) job(j *adminJob) {
 			r.violate("job %s: attempt %d still starting after its deadline %s", j.ID, a.Number, c.describe(j.ID))
 		case "cancelled":
 			r.violate("job %s: attempt %d cancelled, but no operator resolved anything", j.ID, a.Number)
+		case "failed":
+			if deref(a.Error) == ledger.ReasonUnsent {
+				r.Unsent++
+			}
 		case "succeeded":
 			succeeded++
 			if j.CompletedBy == nil || *j.CompletedBy != a.ID {
@@ -268,7 +324,10 @@ func (c *checker) arrivals() {
 		if at.Provider != a.Provider {
 			r.violate("job %s: attempt %d is recorded on %s, but reached %s", j.ID, a.Attempt, at.Provider, a.Provider)
 		}
-		if at.State == "failed" && a.Executed {
+		if at.State == "failed" && deref(at.Error) == ledger.ReasonUnsent {
+			r.violate("job %s: attempt %d is recorded never sent, but it reached the upstream (%s) %s",
+				j.ID, a.Attempt, a.Behaviour, c.describe(j.ID))
+		} else if at.State == "failed" && a.Executed {
 			r.violate("job %s: attempt %d is recorded failed (%s), but the upstream acted on it (%s)",
 				j.ID, a.Attempt, deref(at.Error), a.Behaviour)
 		}
@@ -438,11 +497,15 @@ func (c *checker) exchanges() {
 		}
 		if e.Up == nil {
 			if e.Replayed {
+				r.WronglyReplayed++
 				r.violate("%s: a replay (%d %s) of an answer the upstream never wrote", e.ID, e.Status, e.Problem)
 			}
 			continue
 		}
 		if e.Status == http.StatusServiceUnavailable {
+			if e.Replayed {
+				r.WronglyReplayed++
+			}
 			if e.Up.Executed || e.Replayed {
 				r.violate("%s: a 503 that was a result (executed %v, replayed %v)", e.ID, e.Up.Executed, e.Replayed)
 			}
@@ -475,8 +538,13 @@ func (c *checker) result(e *exchange, j *adminJob) {
 	// Idempotent-Replayed marks exactly the answers this request's own
 	// attempt did not produce.
 	if own := a.Request == e.Request; own == e.Replayed {
-		r.violate("%s: request %d got attempt %d's answer (started by request %d) with Idempotent-Replayed %v",
-			e.ID, e.Request, a.Attempt, a.Request, e.Replayed)
+		if e.Replayed {
+			r.WronglyReplayed++
+		} else {
+			r.WronglyUnmarked++
+		}
+		r.violate("%s: request %d got attempt %d's answer (started by request %d) with Idempotent-Replayed %v %s",
+			e.ID, e.Request, a.Attempt, a.Request, e.Replayed, c.describe(j.ID))
 	}
 	w := c.winner[j.ID]
 	switch {
@@ -517,10 +585,16 @@ func (c *checker) replays() {
 			if w == nil {
 				continue // reported by the job checks
 			}
+			if !e.Replayed {
+				r.WronglyUnmarked++
+			}
 			if !e.Replayed || e.Status != w.Status || e.Sum != w.Sum {
 				r.violate("replay of %s (job %s): %d replayed=%v, %d bytes; stored %d, %d bytes",
 					id, j.ID, e.Status, e.Replayed, e.Len, w.Status, w.Len)
 			}
+		case e.Replayed:
+			r.WronglyReplayed++
+			r.violate("replay of %s (job %s, %s): %d %s marked Idempotent-Replayed", id, j.ID, j.State, e.Status, e.Problem)
 		case j.State == "completed":
 			if e.Status != http.StatusConflict || e.Problem != "response-not-stored" {
 				r.violate("replay of %s (job %s, answer not stored): %d %s", id, j.ID, e.Status, e.Problem)
@@ -534,4 +608,242 @@ func (c *checker) replays() {
 	if n := c.ev.ArrivalsAfter - len(c.ev.Arrivals); n != 0 {
 		r.violate("the replays of finished jobs reached the upstream %d times", n)
 	}
+}
+
+// Windows of the unknown checks. The ledger's clock and the driver's are
+// the same machine's, but a busy machine schedules late: a second of slack.
+const (
+	slack = time.Second
+	// reserveBound bounds a reservation with its repeats (the gateway's
+	// ledgerTimeout): an attempt starts at most this long after the
+	// request that reserved it.
+	reserveBound = 15 * time.Second
+	// acceptSlack: a connection reset on accept comes after its attempt
+	// started (the gateway dials once the ledger answered), give or take
+	// the moment the ledger's transaction took its time.
+	acceptSlack = 250 * time.Millisecond
+)
+
+// unknowns: an unknown attempt the upstream never got was cut by a killed
+// instance or reset on accept, else the gateway knew it never sent it;
+// and every unknown job is counted by the fault that produced it: the
+// fault of its last unknown (or lost) attempt.
+func (c *checker) unknowns() {
+	for _, j := range c.sortedJobs() {
+		id, known := c.identOf[j.ID]
+		cause := ""
+		for i, at := range j.Attempts {
+			// A job is unknown through an unknown attempt, or a lost one
+			// while no attempt won (its result came too late).
+			if at.State != "unknown" && at.State != "lost" {
+				continue
+			}
+			if as := c.byAttempt[attemptKey(j.ID, at.Number)]; len(as) > 0 {
+				cause = c.arrivedCause(as[0])
+				continue
+			}
+			if at.State == "lost" {
+				continue // reported by the attempt checks: a result never answered
+			}
+			var prev *adminAttempt
+			if i > 0 {
+				prev = &j.Attempts[i-1]
+			}
+			var insts []int
+			if known {
+				insts = c.instancesAt(id, at, prev)
+			}
+			cause = c.unarrivedCause(at, insts)
+			if cause != "" {
+				c.r.UnarrivedUnknown[cause]++
+				continue
+			}
+			cause = "never sent"
+			c.r.NeverSent++
+			start, _ := at.times()
+			c.r.violate("job %s: attempt %d is unknown, but it never reached the upstream and no instance that ran it (%v) was killed: "+
+				"the gateway knew it never sent it %s; faults near: %s",
+				j.ID, at.Number, insts, c.describe(j.ID), c.faultsNear(insts, start.Add(-slack), start.Add(c.ev.AttemptDeadline+slack)))
+		}
+		if j.State == "unknown" {
+			if cause == "" {
+				cause = "no unknown attempt"
+			}
+			c.r.UnknownByCause[cause]++
+		}
+	}
+}
+
+// arrivedCause names the fault that made an attempt that reached the
+// upstream unknown (or lost while nothing won).
+func (c *checker) arrivedCause(a *arrival) string {
+	switch a.Behaviour {
+	case resetBeforeRead, resetAfterRead, stall, cutShort:
+		return "upstream: " + a.Behaviour.String()
+	}
+	var insts []int // the instance that ran it: the one its request went to
+	if e := c.byRequest[a.Request]; e != nil {
+		insts = []int{e.Instance}
+	}
+	from, to := a.Start.Add(-slack), a.Start.Add(c.ev.AttemptDeadline+slack)
+	if c.killed(insts, from, to) {
+		return "gateway killed"
+	}
+	if a.Behaviour == lateBody {
+		return "upstream: " + a.Behaviour.String() // its result races the deadline
+	}
+	// An answer the gateway could not record: the ledger failed it when
+	// the answer came (a.End), or else while the attempt ran.
+	for _, w := range [][2]time.Time{{a.End.Add(-acceptSlack), a.End.Add(slack)}, {from, to}} {
+		if e := c.linkFault(insts, w[0], w[1]); e != nil {
+			return linkFaultName(*e)
+		}
+		if c.restarted(w[0], w[1]) {
+			return "ledger restart"
+		}
+	}
+	if a.Behaviour == answerSlow {
+		return "upstream: " + a.Behaviour.String()
+	}
+	return "no fault found"
+}
+
+// unarrivedCause says why an unknown attempt that never reached the
+// upstream may have been sent after all, run by one of insts; "" when
+// nothing does.
+func (c *checker) unarrivedCause(at adminAttempt, insts []int) string {
+	start, finished := at.times()
+	if start.IsZero() {
+		return ""
+	}
+	end := start.Add(c.ev.AttemptDeadline + slack)
+	if c.killed(insts, start.Add(-slack), end) {
+		return "gateway killed"
+	}
+	// A connection reset on accept: the gateway saw the connection break
+	// after it wrote the request. It recorded that itself, unless the
+	// ledger link failed meanwhile and the lease ran out; when it recorded
+	// the broken connection, the reset came first (after a timeout, the
+	// attempt may still have been dialing).
+	reason := deref(at.Error)
+	leaseExpired := reason == ledger.ReasonLeaseExpired
+	if !finished.IsZero() && !leaseExpired && !strings.HasPrefix(reason, "attempt_timeout") && finished.Add(acceptSlack).Before(end) {
+		end = finished.Add(acceptSlack)
+	}
+	for _, r := range c.ev.AcceptResets {
+		if r.Provider != at.Provider || r.At.Before(start.Add(-acceptSlack)) || r.At.After(end) {
+			continue
+		}
+		if !leaseExpired || c.linkFault(insts, start.Add(-slack), start.Add(c.ev.AttemptDeadline+slack)) != nil ||
+			c.restarted(start.Add(-slack), start.Add(c.ev.AttemptDeadline+slack)) {
+			return "upstream: reset on accept"
+		}
+	}
+	return ""
+}
+
+// instancesAt returns the instances that may have run attempt at: those
+// the requests of its identity were sent to while it was created. The
+// first attempt of a run is reserved by a request that is still open; a
+// next one is created by the run of an earlier attempt, after it started.
+func (c *checker) instancesAt(id identity, at adminAttempt, prev *adminAttempt) []int {
+	start, _ := at.times()
+	from := start
+	if prev != nil {
+		if s, _ := prev.times(); !s.IsZero() {
+			from = s
+		}
+	}
+	seen := map[int]bool{}
+	var out []int
+	for _, e := range c.requests[id] {
+		if e.Start.After(start.Add(slack)) || e.Start.Before(from.Add(-reserveBound-slack)) || e.End.Before(from.Add(-slack)) {
+			continue
+		}
+		if !seen[e.Instance] {
+			seen[e.Instance] = true
+			out = append(out, e.Instance)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// killed reports whether one of insts (any, when insts is empty: the
+// instance is not known) was killed between from and to.
+func (c *checker) killed(insts []int, from, to time.Time) bool {
+	for _, k := range c.ev.Kills {
+		if (len(insts) == 0 || slices.Contains(insts, k.Gateway)) && !k.At.Before(from) && !k.At.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// linkFault returns a fault on the links of one of insts (any, when insts
+// is empty) between from and to, a ledger's before a cache's.
+func (c *checker) linkFault(insts []int, from, to time.Time) *linkEvent {
+	var found *linkEvent
+	for i := range c.ev.Links {
+		e := &c.ev.Links[i]
+		s, t := e.span()
+		if (len(insts) > 0 && !slices.Contains(insts, e.Gateway)) || t.Before(from) || s.After(to) {
+			continue
+		}
+		if found == nil || (found.Link == "cache" && e.Link != "cache") {
+			found = e
+		}
+	}
+	return found
+}
+
+// restarted reports whether the ledger's server restarted between from
+// and to.
+func (c *checker) restarted(from, to time.Time) bool {
+	for _, r := range c.ev.Restarts {
+		if !r.End.Before(from) && !r.At.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// linkFaultName names a link fault for the figures: its kind, on a
+// ledger's link or a cache's.
+func linkFaultName(e linkEvent) string {
+	if e.Link == "cache" {
+		return "cache link: " + kindName(e.Kind)
+	}
+	return "ledger link: " + kindName(e.Kind)
+}
+
+// faultsNear lists the faults of insts (all, when empty) between from and
+// to, for a violation's report.
+func (c *checker) faultsNear(insts []int, from, to time.Time) string {
+	var parts []string
+	for _, k := range c.ev.Kills {
+		if !k.At.Before(from.Add(-10*time.Second)) && !k.At.After(to) {
+			parts = append(parts, fmt.Sprintf("gateway %d killed %s", k.Gateway, k.At.Format("15:04:05.000")))
+		}
+	}
+	for _, e := range c.ev.Links {
+		s, t := e.span()
+		if (len(insts) == 0 || slices.Contains(insts, e.Gateway)) && !t.Before(from) && !s.After(to) {
+			parts = append(parts, fmt.Sprintf("gateway %d's %s: %s", e.Gateway, e.Link, e.Event))
+		}
+	}
+	for _, r := range c.ev.Restarts {
+		if !r.End.Before(from) && !r.At.After(to) {
+			parts = append(parts, "ledger restart "+r.At.Format("15:04:05.000"))
+		}
+	}
+	for _, r := range c.ev.AcceptResets {
+		if !r.At.Before(from) && !r.At.After(to) {
+			parts = append(parts, fmt.Sprintf("%s reset on accept %s", r.Provider, r.At.Format("15:04:05.000")))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "; ")
 }

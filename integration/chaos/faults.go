@@ -62,18 +62,34 @@ func (s services) canRestart(ledger string) error {
 	return nil
 }
 
-// faults injects the run's process faults: SIGKILLed gateway instances and
-// restarts of the ledger's server, one at a time.
+// faults injects the run's faults: process faults (SIGKILLed gateway
+// instances and restarts of the ledger's server, one at a time) and, on
+// their own schedule, ledger-link faults (links.go).
 type faults struct {
 	fleet  fleet
+	links  []*ledgerLink
 	ledger string
 	svc    services
 	out    *os.File // output of the commands run, and a line per fault
 
 	mu       sync.Mutex
-	kills    int
-	restarts int
+	kills    []killEvent
+	restarts []restartEvent
 	events   []string
+}
+
+// killEvent is a gateway instance killed with SIGKILL, and when it was
+// running again.
+type killEvent struct {
+	Gateway  int
+	At, Back time.Time
+}
+
+// restartEvent is a restart of the ledger's server: from the moment it was
+// told to stop until it answered again.
+type restartEvent struct {
+	At, End time.Time
+	Crash   bool
 }
 
 func (f *faults) logf(format string, args ...any) {
@@ -109,7 +125,7 @@ func (f *faults) run(ctx context.Context, d time.Duration, kills, restarts int) 
 			err = f.killOne(ctx)
 		case "restart":
 			// Every second restart is a crash: no shutdown work at all.
-			err = f.restartLedger(ctx, f.restarts%2 == 1)
+			err = f.restartLedger(ctx, len(f.restarts)%2 == 1)
 		}
 		if err != nil {
 			break
@@ -130,9 +146,11 @@ func (f *faults) run(ctx context.Context, d time.Duration, kills, restarts int) 
 // later, on the same ports and config.
 func (f *faults) killOne(ctx context.Context) error {
 	g := f.fleet[rand.IntN(len(f.fleet))]
+	at := time.Now()
 	g.kill()
 	f.mu.Lock()
-	f.kills++
+	f.kills = append(f.kills, killEvent{Gateway: g.n, At: at})
+	k := len(f.kills) - 1
 	f.mu.Unlock()
 	down := randDuration(time.Second, 3*time.Second)
 	f.logf("killed gateway %d (SIGKILL), restarting in %s", g.n, down.Round(time.Millisecond))
@@ -145,6 +163,9 @@ func (f *faults) killOne(ctx context.Context) error {
 			time.Sleep(time.Second)
 		}
 		if err = g.start(); err == nil {
+			f.mu.Lock()
+			f.kills[k].Back = time.Now()
+			f.mu.Unlock()
 			f.logf("gateway %d running again", g.n)
 			return nil
 		}
@@ -181,7 +202,7 @@ func (f *faults) restartLedger(ctx context.Context, crash bool) error {
 		return fmt.Errorf("restarting %s: %w", f.ledger, err)
 	}
 	f.mu.Lock()
-	f.restarts++
+	f.restarts = append(f.restarts, restartEvent{At: t, End: time.Now(), Crash: crash})
 	f.mu.Unlock()
 	f.logf("%s restarted in %s", f.ledger, time.Since(t).Round(time.Millisecond))
 	return nil
@@ -316,8 +337,9 @@ func redisDurable(ctx context.Context, url string) error {
 	}
 }
 
-func (f *faults) counts() (kills, restarts int) {
+// processFaults returns the kills and ledger restarts so far.
+func (f *faults) processFaults() ([]killEvent, []restartEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.kills, f.restarts
+	return append([]killEvent(nil), f.kills...), append([]restartEvent(nil), f.restarts...)
 }

@@ -17,6 +17,7 @@ import (
 type gatewayConfig struct {
 	Binary          string
 	Ledger          string // the ledger subdirective
+	Cache           string // the cache subdirective, if any
 	OwnerSecret     string
 	AttemptTimeout  time.Duration
 	AttemptDeadline time.Duration
@@ -28,6 +29,10 @@ type gatewayConfig struct {
 
 // caddyfile is an instance's whole configuration.
 func (c gatewayConfig) caddyfile(port, admin int) string {
+	ledger := c.Ledger
+	if c.Cache != "" {
+		ledger += "\n\t\t" + c.Cache
+	}
 	providers := ""
 	if c.HedgeAfter > 0 {
 		providers = fmt.Sprintf("\t\thedge_after %s\n", c.HedgeAfter)
@@ -52,7 +57,7 @@ http://127.0.0.1:%d {
 		in_flight wait %s
 %s	}
 }
-`, admin, port, c.Ledger, c.OwnerSecret, c.AttemptTimeout, c.AttemptDeadline, c.InFlightWait, providers)
+`, admin, port, ledger, c.OwnerSecret, c.AttemptTimeout, c.AttemptDeadline, c.InFlightWait, providers)
 }
 
 // gateway is one instance of the fleet: a caddy process that can be

@@ -1,10 +1,13 @@
 // Command chaos is the onejob chaos soak: three gateway instances on one
-// shared ledger (PostgreSQL or Redis), an upstream that misbehaves on
-// purpose, 200 clients retrying over a few thousand keys, a gateway killed
-// with SIGKILL and the ledger's server restarted mid-run. Once every
-// deadline has passed, it checks the upstream's record of what it executed,
-// the ledger (through the admin API) and every answer the clients got, and
-// exits 1 on any violation.
+// shared ledger (PostgreSQL, with a Redis cache, or Redis), an upstream
+// that misbehaves on purpose, 200 clients retrying over a few thousand
+// keys, a gateway killed with SIGKILL and the ledger's server restarted
+// mid-run, and faults on each instance's link to its ledger (a fault proxy
+// in between): replies lost after their command ran, replies delayed past
+// the client's timeout, connections reset mid-call, the ledger unreachable
+// for a few seconds. Once every deadline has passed, it checks the
+// upstream's record of what it executed, the ledger (through the admin
+// API) and every answer the clients got, and exits 1 on any violation.
 //
 // Run it with ./integration/chaos/run.sh, which starts the servers and
 // builds the gateway; see -h for the knobs.
@@ -19,11 +22,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/onejob/onejob/integration/faultproxy"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -42,6 +47,8 @@ type options struct {
 	keys            int
 	kills           int
 	restarts        int
+	links           linkPlan
+	cache           bool
 	attemptTimeout  time.Duration
 	attemptDeadline time.Duration
 	inFlightWait    time.Duration
@@ -64,6 +71,12 @@ func parseOptions() options {
 	flag.IntVar(&o.keys, "keys", 800, "keys per owner, the same key names under every owner (-short: 250)")
 	flag.IntVar(&o.kills, "kills", 3, "gateway instances killed with SIGKILL and restarted (-short: 1)")
 	flag.IntVar(&o.restarts, "restarts", 2, "restarts of the ledger's server (-short: 1)")
+	flag.IntVar(&o.links.Drops, "lost-replies", 40, "ledger replies dropped after their command ran (-short: 8)")
+	flag.IntVar(&o.links.Delays, "delays", 3, "windows of 1.5s in which a link's replies are held past the client's timeout (-short: 1)")
+	flag.DurationVar(&o.links.Delay, "reply-delay", 6*time.Second, "how long a delayed reply is held: past the gateway's 5s per ledger call")
+	flag.IntVar(&o.links.Resets, "resets", 6, "times every open connection of a link is reset with RST (-short: 2)")
+	flag.IntVar(&o.links.Cuts, "cuts", 3, "times an instance's ledger link is cut for 2-4s (-short: 1)")
+	flag.BoolVar(&o.cache, "cache", true, "a Redis cache in front of the PostgreSQL ledger")
 	flag.DurationVar(&o.attemptTimeout, "attempt-timeout", 500*time.Millisecond, "the gateways' attempt_timeout")
 	flag.DurationVar(&o.attemptDeadline, "attempt-deadline", 3*time.Second, "the gateways' attempt_deadline")
 	flag.DurationVar(&o.inFlightWait, "in-flight-wait", time.Second, "the gateways' in_flight wait")
@@ -79,11 +92,15 @@ func parseOptions() options {
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if o.short {
 		short := map[string]func(){
-			"duration": func() { o.duration = 25 * time.Second },
-			"owners":   func() { o.owners = 4 },
-			"keys":     func() { o.keys = 250 },
-			"kills":    func() { o.kills = 1 },
-			"restarts": func() { o.restarts = 1 },
+			"duration":     func() { o.duration = 25 * time.Second },
+			"owners":       func() { o.owners = 4 },
+			"keys":         func() { o.keys = 250 },
+			"kills":        func() { o.kills = 1 },
+			"restarts":     func() { o.restarts = 1 },
+			"lost-replies": func() { o.links.Drops = 8 },
+			"delays":       func() { o.links.Delays = 1 },
+			"resets":       func() { o.links.Resets = 2 },
+			"cuts":         func() { o.links.Cuts = 1 },
 		}
 		for name, apply := range short {
 			if !set[name] {
@@ -124,6 +141,10 @@ func (o options) valid() error {
 		return fmt.Errorf("-keys, -clients and -max-tries must be positive")
 	case o.attemptTimeout <= 0 || o.attemptDeadline <= o.attemptTimeout:
 		return fmt.Errorf("-attempt-deadline must be longer than -attempt-timeout")
+	case o.links.Drops < 0 || o.links.Delays < 0 || o.links.Resets < 0 || o.links.Cuts < 0:
+		return fmt.Errorf("-lost-replies, -delays, -resets and -cuts cannot be negative")
+	case o.links.Delay <= 0 || o.links.Delay > faultproxy.MaxDelay:
+		return fmt.Errorf("-reply-delay must be positive and at most %s", faultproxy.MaxDelay)
 	}
 	return nil
 }
@@ -147,13 +168,24 @@ func run(ctx context.Context, o options) (int, error) {
 			return 2, err
 		}
 	}
-	var ledgerLine string
+	// Each instance's ledger and cache lines, given the URLs to reach
+	// their servers by (through the instance's fault proxies).
+	var ledgerLine, cacheLine func(url string) string
+	ledgerURL, cacheURL := "", ""
 	switch o.ledger {
 	case "postgres":
 		if svc.Postgres == "" {
 			return 2, fmt.Errorf("ONEJOB_TEST_POSTGRES is not set: run ./integration/chaos/run.sh")
 		}
-		ledgerLine = "ledger postgres " + svc.Postgres + " chaos"
+		ledgerURL = svc.Postgres
+		ledgerLine = func(url string) string { return "ledger postgres " + url + " chaos" }
+		if o.cache {
+			if svc.Redis == "" {
+				return 2, fmt.Errorf("ONEJOB_TEST_REDIS is not set for the cache: run ./integration/chaos/run.sh (or pass -cache=false)")
+			}
+			cacheURL = svc.Redis
+			cacheLine = func(url string) string { return "cache redis " + url + " chaoscache:" }
+		}
 	case "redis":
 		if svc.Redis == "" {
 			return 2, fmt.Errorf("ONEJOB_TEST_REDIS is not set: run ./integration/chaos/run.sh")
@@ -161,7 +193,8 @@ func run(ctx context.Context, o options) (int, error) {
 		if err := redisDurable(ctx, svc.Redis); err != nil {
 			return 2, fmt.Errorf("making Redis durable: %w", err)
 		}
-		ledgerLine = "ledger redis " + svc.Redis + " chaos:"
+		ledgerURL = svc.Redis
+		ledgerLine = func(url string) string { return "ledger redis " + url + " chaos:" }
 	}
 	if o.work == "" {
 		dir, err := os.MkdirTemp("", "onejob-chaos")
@@ -186,7 +219,7 @@ func run(ctx context.Context, o options) (int, error) {
 	defer up.close()
 
 	cfg := gatewayConfig{
-		Binary: o.binary, Ledger: ledgerLine, OwnerSecret: ownerSecret,
+		Binary: o.binary, OwnerSecret: ownerSecret,
 		AttemptTimeout: o.attemptTimeout, AttemptDeadline: o.attemptDeadline, InFlightWait: o.inFlightWait,
 		HedgeAfter: o.hedgeAfter,
 		Providers:  providers, Upstreams: up.addrs,
@@ -196,31 +229,67 @@ func run(ctx context.Context, o options) (int, error) {
 	if err != nil {
 		return 2, err
 	}
+	var links []*ledgerLink
+	defer func() {
+		for _, l := range links {
+			l.proxy.Close()
+		}
+	}()
+	link := func(n int, name, rawURL string) (string, error) {
+		p, url, err := viaProxy(rawURL)
+		if err != nil {
+			return "", fmt.Errorf("a fault proxy for gateway %d's %s: %w", n, name, err)
+		}
+		links = append(links, &ledgerLink{Gateway: n, Name: name, proxy: p})
+		return url, nil
+	}
 	for n := range 3 {
-		g, err := newGateway(n, o.work, cfg, ports[2*n], ports[2*n+1])
+		c := cfg
+		url, err := link(n, o.ledger, ledgerURL)
+		if err != nil {
+			return 2, err
+		}
+		c.Ledger = ledgerLine(url)
+		if cacheURL != "" {
+			if url, err = link(n, "cache", cacheURL); err != nil {
+				return 2, err
+			}
+			c.Cache = cacheLine(url)
+		}
+		g, err := newGateway(n, o.work, c, ports[2*n], ports[2*n+1])
 		if err != nil {
 			return 2, err
 		}
 		gws = append(gws, g)
 	}
-	defer gws.stop()
+	defer gws.stop() // before the proxies close
 	if err := gws.startAll(ctx); err != nil {
 		return 2, err
 	}
-	fmt.Printf("chaos: %s ledger, 3 gateways, %d clients, %s of load; logs in %s\n", o.ledger, o.clients, o.duration, o.work)
+	what := o.ledger + " ledger"
+	if cacheURL != "" {
+		what += " with a Redis cache"
+	}
+	fmt.Printf("chaos: %s, 3 gateways, %d clients, %s of load; logs in %s\n", what, o.clients, o.duration, o.work)
 
 	// The load, with the faults alongside.
 	cl := newClients(clientConfig{
 		Clients: o.clients, Owners: ownerNames[:o.owners], Keys: o.keys, MaxTries: o.maxTries,
 		Gateways: gws.urls, ThinkTime: o.think, Start: time.Now(), Duration: o.duration,
 	})
-	f := &faults{fleet: gws, ledger: o.ledger, svc: svc, out: faultLog}
+	f := &faults{fleet: gws, links: links, ledger: o.ledger, svc: svc, out: faultLog}
 	loadCtx, endLoad := context.WithTimeout(ctx, o.duration)
 	defer endLoad()
 	faultErr := make(chan error, 1)
+	linksDone := make(chan struct{})
 	go func() { faultErr <- f.run(loadCtx, o.duration, o.kills, o.restarts) }()
+	go func() { f.runLinks(loadCtx, o.duration, o.links); close(linksDone) }()
 	cl.run(loadCtx)
 	loadEnded := time.Now()
+	<-linksDone
+	for _, l := range links {
+		l.proxy.Restore() // an interrupted fault ends with the load
+	}
 	if err := <-faultErr; err != nil {
 		return 2, fmt.Errorf("injecting faults: %w", err)
 	}
@@ -237,12 +306,19 @@ func run(ctx context.Context, o options) (int, error) {
 		return 2, fmt.Errorf("the upstream still has requests running %s after the load ended", time.Since(loadEnded).Round(time.Second))
 	}
 
+	kills, restarts := f.processFaults()
 	ev := &evidence{
-		Hasher:    proxy.NewHasher([]byte(ownerSecret)),
-		Providers: providers,
-		IDs:       cl.identities(),
-		Arrivals:  up.snapshot(),
-		Exchanges: cl.exchanges(),
+		Hasher:          proxy.NewHasher([]byte(ownerSecret)),
+		Providers:       providers,
+		IDs:             cl.identities(),
+		Arrivals:        up.snapshot(),
+		Exchanges:       cl.exchanges(),
+		AttemptTimeout:  o.attemptTimeout,
+		AttemptDeadline: o.attemptDeadline,
+		Kills:           kills,
+		Restarts:        restarts,
+		Links:           linkEvents(links),
+		AcceptResets:    up.resetsOnAccept(),
 	}
 	admin := gws.anyRunning()
 	if admin == nil {
@@ -255,8 +331,7 @@ func run(ctx context.Context, o options) (int, error) {
 	ev.ArrivalsAfter = up.count()
 
 	r := check(ev)
-	kills, restarts := f.counts()
-	printReport(os.Stdout, o, r, ev, cl, up, kills, restarts, f.events, time.Since(began))
+	printReport(os.Stdout, o, r, ev, cl, up, f.events, time.Since(began))
 	if len(r.Violations) > 0 {
 		return 1, nil
 	}
@@ -283,7 +358,7 @@ func replayable(ev *evidence) []identity {
 	return out
 }
 
-func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, up *upstream, kills, restarts int, events []string, took time.Duration) {
+func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, up *upstream, events []string, took time.Duration) {
 	var (
 		requests, retries, timeouts, disconnects, transport, replayed int
 		statuses                                                      = map[int]int{}
@@ -341,19 +416,91 @@ func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, u
 	}
 	faults["reset on accept"] = int(up.resets.Load())
 	row("upstream behaviours", "%s", countList(faults))
-	row("gateway kills (SIGKILL)", "%d", kills)
-	row("ledger restarts", "%d", restarts)
+	row("gateway kills (SIGKILL)", "%d", len(ev.Kills))
+	crashes := 0
+	for _, r := range ev.Restarts {
+		if r.Crash {
+			crashes++
+		}
+	}
+	row("ledger restarts", "%d (%d a crash)", len(ev.Restarts), crashes)
+	counts, onCache, conns := linkCounts(ev.Links)
+	var cut time.Duration
+	for _, e := range ev.Links {
+		if e.Kind == faultproxy.KindCut && !e.End.IsZero() {
+			cut += e.End.Sub(e.At)
+		}
+	}
+	cached := func(kind string) string {
+		if n := onCache[kind]; n > 0 {
+			return fmt.Sprintf(" (%d on a cache's link)", n)
+		}
+		return ""
+	}
+	row("ledger-link faults", "%s %d%s, %s %d%s (%d connections), %s %d (replies held %s), %s %d (%s in all)",
+		faultDrop, counts[faultDrop], cached(faultDrop), faultReset, counts[faultReset], cached(faultReset), conns,
+		faultDelay, counts[faultDelay], o.links.Delay, faultCut, counts[faultCut], cut.Round(100*time.Millisecond))
 	for _, e := range events {
 		fmt.Fprintf(w, "    %s\n", e)
 	}
+	row("unknown jobs by fault", "%s", countList(r.UnknownByCause))
+	row("unknown, never arrived", "%s", countList(r.UnarrivedUnknown))
+	row("wrong replay markers", "%d marked, %d unmarked", r.WronglyReplayed, r.WronglyUnmarked)
+	row("never sent, recorded failed", "%d attempts", r.Unsent)
+	row("never-sent unknown", "%d (attempts the gateway knew it never sent)", r.NeverSent)
 	fmt.Fprintf(w, "  %-28s %d\n", "violations", len(r.Violations))
+	var logs []string
+	if len(r.Violations) > 0 {
+		logs = gatewayLogs(o.work)
+	}
 	for i, v := range r.Violations {
 		if i == o.maxViolations {
 			fmt.Fprintf(w, "    ... and %d more\n", len(r.Violations)-i)
 			break
 		}
 		fmt.Fprintf(w, "    VIOLATION %s\n", v)
+		for _, l := range logLinesOf(logs, v, 12) {
+			fmt.Fprintf(w, "      %s\n", l)
+		}
 	}
+}
+
+// gatewayLogs returns the lines of every instance's log, each prefixed
+// with its instance.
+func gatewayLogs(work string) []string {
+	var out []string
+	for n := 0; ; n++ {
+		b, err := os.ReadFile(filepath.Join(work, fmt.Sprintf("gw%d", n), "caddy.log"))
+		if err != nil {
+			return out
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if l != "" {
+				out = append(out, fmt.Sprintf("gw%d: %s", n, l))
+			}
+		}
+	}
+}
+
+var jobIDPattern = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// logLinesOf returns the log lines that name a job of the violation v, at
+// most max.
+func logLinesOf(logs []string, v string, max int) []string {
+	ids := jobIDPattern.FindAllString(v, -1)
+	var out []string
+	for _, l := range logs {
+		for _, id := range ids {
+			if strings.Contains(l, id) {
+				out = append(out, l)
+				break
+			}
+		}
+		if len(out) == max {
+			break
+		}
+	}
+	return out
 }
 
 // countList prints counts as "name n, name n", largest first.

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The chaos soak: three gateways on one shared ledger, 200 retrying clients,
-# an upstream that misbehaves on purpose, an instance killed with SIGKILL
-# and the ledger's server restarted mid-run; then every job, attempt and
-# answer is checked against what the upstream and the clients saw.
+# an upstream that misbehaves on purpose, an instance killed with SIGKILL,
+# the ledger's server restarted mid-run, and faults on each instance's link
+# to its ledger and cache (lost replies, replies delayed past the client's
+# timeout, connections reset mid-call, the ledger unreachable for a few
+# seconds); then every job, attempt and answer is checked against what the
+# upstream and the clients saw.
 #
 # Usage: ./integration/chaos/run.sh [--short] [--ledger postgres|redis|both] [driver flags...]
 #   --short   a CI-sized run (under a minute per ledger)

@@ -120,6 +120,15 @@ type upstream struct {
 	arrivals []*arrival
 	faults   [numBehaviours]int
 	resets   atomic.Int64 // connections reset as they were accepted
+	// acceptResets is when each of them was reset, and on which provider.
+	acceptResets []acceptReset
+}
+
+// acceptReset is a connection the upstream reset as it accepted it: the
+// gateway may have written a request into it, which nobody read.
+type acceptReset struct {
+	Provider string
+	At       time.Time
 }
 
 // newUpstream listens on a loopback port for each provider.
@@ -139,7 +148,7 @@ func newUpstream(providers []string, timeout, deadline time.Duration, acceptRese
 			ErrorLog:          discardLog,
 		}
 		u.servers = append(u.servers, srv)
-		go srv.Serve(&resettingListener{Listener: l, odds: acceptResets, count: &u.resets})
+		go srv.Serve(&resettingListener{Listener: l, odds: acceptResets, reset: func() { u.acceptReset(p) }})
 	}
 	return u, nil
 }
@@ -178,6 +187,20 @@ func (u *upstream) count() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return len(u.arrivals)
+}
+
+func (u *upstream) acceptReset(provider string) {
+	u.resets.Add(1)
+	u.mu.Lock()
+	u.acceptResets = append(u.acceptResets, acceptReset{Provider: provider, At: time.Now()})
+	u.mu.Unlock()
+}
+
+// resetsOnAccept returns the connections reset as they were accepted.
+func (u *upstream) resetsOnAccept() []acceptReset {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]acceptReset(nil), u.acceptResets...)
 }
 
 func (u *upstream) faultCounts() [numBehaviours]int {
@@ -369,7 +392,7 @@ func randDuration(lo, hi time.Duration) time.Duration {
 type resettingListener struct {
 	net.Listener
 	odds  float64
-	count *atomic.Int64
+	reset func() // called for each connection reset
 }
 
 func (l *resettingListener) Accept() (net.Conn, error) {
@@ -382,6 +405,6 @@ func (l *resettingListener) Accept() (net.Conn, error) {
 			tc.SetLinger(0)
 		}
 		c.Close()
-		l.count.Add(1)
+		l.reset()
 	}
 }
