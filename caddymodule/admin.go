@@ -68,8 +68,8 @@ const (
 )
 
 // maxResolveBody bounds a resolve request: room for the base64 of an
-// answer as large as max_response_body's default of 8 MiB.
-var maxResolveBody int64 = 12 << 20
+// answer as large as max_response_body's default, and 1 MiB for the rest.
+var maxResolveBody = int64(base64.StdEncoding.EncodedLen(proxy.DefaultMaxResponseBody)) + 1<<20
 
 // Problem names of the admin API; each is the last part of a problem type
 // urn:onejob:problem:<name>.
@@ -194,25 +194,42 @@ func (a *adminAPI) getJob(w http.ResponseWriter, r *http.Request, rawID string) 
 		jobNotFound(w, rawID)
 		return
 	}
+	j, err := a.inLedgers(func(l ledger.Ledger) (*ledger.Job, error) { return l.Job(r.Context(), id) })
+	if err != nil {
+		a.lookupFailed(w, err, id)
+		return
+	}
+	writeJSON(w, http.StatusOK, newJobJSON(j))
+}
+
+// inLedgers calls op on each open ledger until one has the job, and
+// returns that ledger's answer (a job, or ledger.ErrCompleted). When none
+// has it, the error is the last one of a ledger that could not answer, or
+// else ledger.ErrNotFound.
+func (a *adminAPI) inLedgers(op func(ledger.Ledger) (*ledger.Job, error)) (*ledger.Job, error) {
 	ls, release := a.openLedgers()
 	defer release()
-	var failed error
+	failed := ledger.ErrNotFound
 	for _, l := range ls {
-		j, err := l.Job(r.Context(), id)
+		j, err := op(l)
 		switch {
-		case err == nil:
-			writeJSON(w, http.StatusOK, newJobJSON(j))
-			return
-		case errors.Is(err, ledger.ErrNotFound):
-		default:
+		case err == nil, errors.Is(err, ledger.ErrCompleted):
+			return j, err
+		case !errors.Is(err, ledger.ErrNotFound):
 			failed = err
 		}
 	}
-	if failed != nil {
-		a.unavailable(w, failed, id)
+	return nil, failed
+}
+
+// lookupFailed answers a job lookup that found no job: 404 when no ledger
+// has it, 503 when one could not answer.
+func (a *adminAPI) lookupFailed(w http.ResponseWriter, err error, id string) {
+	if errors.Is(err, ledger.ErrNotFound) {
+		jobNotFound(w, id)
 		return
 	}
-	jobNotFound(w, id)
+	a.unavailable(w, err, id)
 }
 
 // resolveRequest is the body of POST /idempotency/jobs/<id>/resolve.
@@ -244,31 +261,18 @@ func (a *adminAPI) resolveJob(w http.ResponseWriter, r *http.Request, rawID stri
 	// The operator's answer completes the job with an attempt whose id is
 	// chosen here, so that a repeat of the call is recognized.
 	res.AttemptID = ledger.NewID()
-	ls, release := a.openLedgers()
-	defer release()
-	var failed error
-	for _, l := range ls {
-		j, err := l.Resolve(r.Context(), id, res)
-		switch {
-		case err == nil:
-			a.log().Info("job resolved by an operator",
-				zap.String("job_id", id), zap.Bool("cancel", res.Cancel), zap.Int64("version", j.Version))
-			writeJSON(w, http.StatusOK, newJobJSON(j))
-			return
-		case errors.Is(err, ledger.ErrCompleted):
-			writeProblem(w, http.StatusConflict, problemAlreadyCompleted, "Job already completed",
-				"The job already completed; its result cannot be changed.", id)
-			return
-		case errors.Is(err, ledger.ErrNotFound):
-		default:
-			failed = err
-		}
+	j, err := a.inLedgers(func(l ledger.Ledger) (*ledger.Job, error) { return l.Resolve(r.Context(), id, res) })
+	switch {
+	case err == nil:
+		a.log().Info("job resolved by an operator",
+			zap.String("job_id", id), zap.Bool("cancel", res.Cancel), zap.Int64("version", j.Version))
+		writeJSON(w, http.StatusOK, newJobJSON(j))
+	case errors.Is(err, ledger.ErrCompleted):
+		writeProblem(w, http.StatusConflict, problemAlreadyCompleted, "Job already completed",
+			"The job already completed; its result cannot be changed.", id)
+	default:
+		a.lookupFailed(w, err, id)
 	}
-	if failed != nil {
-		a.unavailable(w, failed, id)
-		return
-	}
-	jobNotFound(w, id)
 }
 
 // parseResolution reads and validates a resolve request. On error, status
@@ -324,12 +328,6 @@ func parseResolution(w http.ResponseWriter, r *http.Request) (ledger.Resolution,
 	}}, 0, nil
 }
 
-// notStoredHeaders are never part of a stored answer (SPEC section 2).
-var notStoredHeaders = []string{
-	"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date",
-}
-
 // answerHeader validates an operator's answer headers and returns them
 // with canonical names, as a replay writes them.
 func answerHeader(in map[string][]string, bodyLen int) (map[string][]string, error) {
@@ -338,41 +336,16 @@ func answerHeader(in map[string][]string, bodyLen int) (map[string][]string, err
 	}
 	out := make(map[string][]string, len(in))
 	for name, values := range in {
-		if !validHeaderName(name) {
-			return nil, fmt.Errorf("invalid header name %q", name)
+		if err := checkStoredHeader(name, values); err != nil {
+			return nil, err
 		}
 		key := http.CanonicalHeaderKey(name)
-		if slices.Contains(notStoredHeaders, key) {
-			return nil, fmt.Errorf("header %s is not end-to-end and is never stored", key)
-		}
-		for _, v := range values {
-			if strings.ContainsAny(v, "\r\n\x00") {
-				return nil, fmt.Errorf("invalid value for header %s", key)
-			}
-		}
 		if key == "Content-Length" && (len(values) != 1 || values[0] != strconv.Itoa(bodyLen)) {
 			return nil, fmt.Errorf("header Content-Length must be the body's length, %d", bodyLen)
 		}
 		out[key] = append(out[key], values...)
 	}
 	return out, nil
-}
-
-// validHeaderName reports whether s is an RFC 9110 token.
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // handleProviders serves GET /idempotency/providers: every handler's

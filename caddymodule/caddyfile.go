@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -101,7 +102,9 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 		case "owner_secret":
 			h.OwnerSecret, err = one(d, args)
 		case "key_header":
-			h.KeyHeader, err = one(d, args)
+			if h.KeyHeader, err = one(d, args); err == nil {
+				err = checkHeaderNameAt(d, h.KeyHeader)
+			}
 		case "methods":
 			if len(args) == 0 {
 				return d.ArgErr()
@@ -123,6 +126,11 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 		case "fingerprint_headers":
 			if len(args) == 0 {
 				return d.ArgErr()
+			}
+			for _, name := range args {
+				if err := checkHeaderNameAt(d, name); err != nil {
+					return err
+				}
 			}
 			h.FingerprintHeaders = args
 		case "max_request_body":
@@ -264,20 +272,21 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 			if len(args) == 0 {
 				return d.ArgErr()
 			}
-			for _, a := range args {
-				if !validStatusPattern(a) {
-					return d.Errf("contract: status %q is not a code (200) or a class (2xx)", a)
-				}
+			// The rule Provision applies, through the same compiler.
+			if _, err := fallback.CompileContract(fallback.ContractSpec{Statuses: args}); err != nil {
+				return d.Err(err.Error())
 			}
 			c.Status = args
-		case "content_type":
-			c.ContentType, err = one(d, args)
-		case "json_schema":
-			c.JSONSchema, err = one(d, args)
-		case "graphql_schema":
-			c.GraphQLSchema, err = one(d, args)
 		default:
-			return d.Errf("contract: unknown rule %q (want status, content_type, json_schema or graphql_schema)", name)
+			dst, ok := map[string]*string{
+				"content_type":   &c.ContentType,
+				"json_schema":    &c.JSONSchema,
+				"graphql_schema": &c.GraphQLSchema,
+			}[name]
+			if !ok {
+				return d.Errf("contract: unknown rule %q (want status, content_type, json_schema or graphql_schema)", name)
+			}
+			*dst, err = one(d, args)
 		}
 		if err != nil {
 			return err
@@ -287,27 +296,13 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// validStatusPattern accepts 100-599 and 1xx-5xx.
-func validStatusPattern(s string) bool {
-	if len(s) != 3 || s[0] < '1' || s[0] > '5' {
-		return false
-	}
-	if s[1:] == "xx" {
-		return true
-	}
-	return s[1] >= '0' && s[1] <= '9' && s[2] >= '0' && s[2] <= '9'
-}
-
 func (h *Handler) parseProbe(d *caddyfile.Dispenser, args []string) error {
 	if len(args) < 2 || len(args) > 3 {
 		return d.Errf("usage: probe <method> <path> [<body-file>] { every <duration> }")
 	}
 	p := &ProbeConfig{Method: strings.ToUpper(args[0]), Path: args[1]}
-	if !validProbeMethod(p.Method) {
-		return d.Errf("probe: invalid method %q", args[0])
-	}
-	if !strings.HasPrefix(p.Path, "/") {
-		return d.Errf("probe: the path must start with /, not %q", p.Path)
+	if err := p.check(); err != nil {
+		return d.Err(err.Error())
 	}
 	if len(args) == 3 {
 		p.BodyFile = args[2]
@@ -344,10 +339,8 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 	if helper == nil {
 		return d.Errf("provider blocks need the Caddyfile adapter")
 	}
-	for _, p := range h.Providers {
-		if p.Name == name {
-			return d.Errf("provider %q is defined twice", name)
-		}
+	if err := checkProviderName(name, h.Providers); err != nil {
+		return d.Err(err.Error())
 	}
 	tokens := append(caddyfile.Segment{seg[0]}, seg[2:]...)
 	sub, err := httpcaddyfile.ParseSegmentAsSubroute(helper.WithDispenser(caddyfile.NewDispenser(tokens)))
@@ -381,6 +374,14 @@ func resendToken(seg caddyfile.Segment, err error) caddyfile.Token {
 	return seg[0]
 }
 
+// checkHeaderNameAt is checkHeaderName with the token's file and line.
+func checkHeaderNameAt(d *caddyfile.Dispenser, name string) error {
+	if err := checkHeaderName(name); err != nil {
+		return d.WrapErr(err)
+	}
+	return nil
+}
+
 // wrapAt adds the token's file and line to err, as the dispenser does.
 func wrapAt(tok caddyfile.Token, err error) error {
 	d := caddyfile.NewDispenser(caddyfile.Segment{tok})
@@ -392,27 +393,18 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser, args []string) error {
 	if len(args) == 0 {
 		return d.ArgErr()
 	}
-	switch args[0] {
-	case "reject":
-		if len(args) != 1 {
-			return d.ArgErr()
-		}
-		h.InFlight = "reject"
-	case "wait":
-		h.InFlight = "wait"
-		if len(args) > 2 {
-			return d.ArgErr()
-		}
-		if len(args) == 2 {
-			v, err := duration(d, args[1:])
-			if err != nil {
-				return err
-			}
-			h.InFlightWait = v
-		}
-	default:
+	reject, err := inFlightReject(args[0])
+	switch {
+	case err != nil || args[0] == "":
 		return d.Errf("in_flight must be wait [<duration>] or reject, not %q", args[0])
+	case reject && len(args) != 1, len(args) > 2:
+		return d.ArgErr()
+	case len(args) == 2:
+		if h.InFlightWait, err = duration(d, args[1:]); err != nil {
+			return err
+		}
 	}
+	h.InFlight = args[0]
 	return nil
 }
 

@@ -68,6 +68,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"owner two args", "idempotency {\n\towner a b\n}", "wrong argument count"},
 		{"require_key arg", "idempotency {\n\trequire_key yes\n}", "wrong argument count"},
 		{"methods empty", "idempotency {\n\tmethods\n}", "wrong argument count"},
+		{"key_header not a name", "idempotency {\n\tkey_header \"Idempotency Key\"\n}", `invalid header name "Idempotency Key", at Testfile:2`},
+		{"fingerprint_headers not a name", "idempotency {\n\tfingerprint_headers X-A X:B\n}", `invalid header name "X:B", at Testfile:2`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler
@@ -255,12 +257,13 @@ func TestUnmarshalContractAndProbe(t *testing.T) {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"idempotency {\n\tcontract {\n\t\tstatus 7xx\n\t}\n}", `contract: status "7xx" is not a code (200) or a class (2xx), at Testfile:3`},
+		{"idempotency {\n\tcontract {\n\t\tstatus 7xx\n\t}\n}", `contract: status "7xx" is not a class 1xx to 5xx, at Testfile:3`},
 		{"idempotency {\n\tcontract {\n\t\tschema x\n\t}\n}", `contract: unknown rule "schema"`},
 		{"idempotency {\n\tcontract {\n\t\tcontent_type a\n\t\tcontent_type b\n\t}\n}", `contract: duplicate "content_type", at Testfile:4`},
 		{"idempotency {\n\tcontract x\n}", "wrong argument count"},
 		{"idempotency {\n\tprobe GET\n}", "usage: probe <method> <path>"},
 		{"idempotency {\n\tprobe GET health\n}", `probe: the path must start with /, not "health"`},
+		{"idempotency {\n\tprobe G(T /h\n}", `probe: invalid method "G(T", at Testfile:2`},
 		{"idempotency {\n\tprobe GET /h {\n\t\tevery never\n\t}\n}", `invalid duration "never", at Testfile:3`},
 		{"idempotency {\n\tprobe GET /h {\n\t\ttimeout 1s\n\t}\n}", `probe: unknown option "timeout"`},
 	} {

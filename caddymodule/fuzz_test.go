@@ -16,7 +16,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/google/uuid"
+	"golang.org/x/net/http/httpguts"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/proxy"
 )
@@ -194,13 +196,11 @@ func checkHandlerConfig(t *testing.T, in string, h *Handler) {
 		t.Fatalf("%q: cache %+v accepted", in, h.Cache)
 	}
 	if c := h.Contract; c != nil {
-		for _, s := range c.Status {
-			if !validStatusPattern(s) {
-				t.Fatalf("%q: contract status %q accepted", in, s)
-			}
+		if _, err := fallback.CompileContract(fallback.ContractSpec{Statuses: c.Status}); err != nil {
+			t.Fatalf("%q: contract status %q accepted: %v", in, c.Status, err)
 		}
 	}
-	if p := h.Probe; p != nil && (!strings.HasPrefix(p.Path, "/") || !validProbeMethod(p.Method) || p.Every < 0) {
+	if p := h.Probe; p != nil && (p.check() != nil || p.Every < 0) {
 		t.Fatalf("%q: probe %+v accepted", in, p)
 	}
 	if len(h.Providers) > 0 {
@@ -286,10 +286,10 @@ func FuzzParseResolution(f *testing.F) {
 			t.Fatalf("%q: response %+v", body, r)
 		}
 		for name, values := range r.Header {
-			if !validHeaderName(name) || name != http.CanonicalHeaderKey(name) {
+			if !httpguts.ValidHeaderFieldName(name) || name != http.CanonicalHeaderKey(name) {
 				t.Fatalf("%q: header name %q", body, name)
 			}
-			if slices.Contains(notStoredHeaders, name) {
+			if proxy.NeverStored(name) {
 				t.Fatalf("%q: hop-by-hop header %s accepted", body, name)
 			}
 			for _, v := range values {

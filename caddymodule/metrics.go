@@ -52,66 +52,30 @@ var ledgerBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025
 // handlers (and the configs of a reload) share one registry. The handler's
 // scope labels its provider metrics.
 func newMetrics(reg prometheus.Registerer, scope string) (*metrics, error) {
-	var (
-		m   = metrics{scope: scope}
-		err error
-	)
-	if m.requests, err = registerOrExisting(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace,
-		Subsystem: metricsSubsystem,
-		Name:      "requests_total",
-		Help:      "Ledgered requests by outcome: new, replayed, waited, conflict, mismatch, unknown, rejected.",
-	}, []string{"outcome"})); err != nil {
-		return nil, err
-	}
-	if m.attempts, err = registerOrExisting(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace,
-		Subsystem: metricsSubsystem,
-		Name:      "attempts_total",
-		Help:      "Finished attempts by handler scope, provider and result: succeeded, lost, failed, unknown.",
-	}, []string{"scope", "provider", "result"})); err != nil {
-		return nil, err
-	}
-	if m.racesLost, err = registerOrExisting(reg, prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: metricsNamespace,
-		Subsystem: metricsSubsystem,
-		Name:      "races_lost_total",
-		Help:      "Results discarded because another result had already won the job.",
-	})); err != nil {
-		return nil, err
-	}
-	if m.inFlight, err = registerOrExisting(reg, prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: metricsNamespace,
-		Subsystem: metricsSubsystem,
-		Name:      "in_flight",
-		Help:      "Attempts running now.",
-	})); err != nil {
-		return nil, err
-	}
-	if m.ledgerOps, err = registerOrExisting(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace,
-		Subsystem: metricsSubsystem,
-		Name:      "ledger_seconds",
-		Help:      "Duration of ledger operations, by operation.",
-		Buckets:   ledgerBuckets,
-	}, []string{"operation"})); err != nil {
-		return nil, err
-	}
-	if m.repeats, err = registerOrExisting(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace,
-		Subsystem: metricsSubsystem,
-		Name:      "ledger_repeats_total",
-		Help:      "Ledger operations sent again because their reply did not come, by operation.",
-	}, []string{"operation"})); err != nil {
-		return nil, err
-	}
-	if m.probeOK, err = registerOrExisting(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: metricsNamespace,
-		Subsystem: metricsSubsystem,
-		Name:      "probe_ok",
-		Help:      "1 when the provider's latest probe passed the contract, 0 when it failed, by handler scope and provider.",
-	}, []string{"scope", "provider"})); err != nil {
-		return nil, err
+	m := metrics{scope: scope}
+	r := registrar{reg: reg}
+	m.requests = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts(opts("requests_total",
+		"Ledgered requests by outcome: new, replayed, waited, conflict, mismatch, unknown, rejected.")),
+		[]string{"outcome"}))
+	m.attempts = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts(opts("attempts_total",
+		"Finished attempts by handler scope, provider and result: succeeded, lost, failed, unknown.")),
+		[]string{"scope", "provider", "result"}))
+	m.racesLost = register(&r, prometheus.NewCounter(prometheus.CounterOpts(opts("races_lost_total",
+		"Results discarded because another result had already won the job."))))
+	m.inFlight = register(&r, prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight",
+		"Attempts running now."))))
+	m.ledgerOps = register(&r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "ledger_seconds",
+		Help: "Duration of ledger operations, by operation.", Buckets: ledgerBuckets,
+	}, []string{"operation"}))
+	m.repeats = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts(opts("ledger_repeats_total",
+		"Ledger operations sent again because their reply did not come, by operation.")),
+		[]string{"operation"}))
+	m.probeOK = register(&r, prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("probe_ok",
+		"1 when the provider's latest probe passed the contract, 0 when it failed, by handler scope and provider.")),
+		[]string{"scope", "provider"}))
+	if r.err != nil {
+		return nil, r.err
 	}
 	m.requestsBy = make(map[string]prometheus.Counter, len(requestOutcomes))
 	for _, o := range requestOutcomes {
@@ -131,6 +95,28 @@ func (m *metrics) Probe(provider string, ok bool) {
 		v = 1
 	}
 	m.probeOK.WithLabelValues(m.scope, provider).Set(v)
+}
+
+// opts names one of the gateway's metrics: caddy_idempotency_<name>.
+func opts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help}
+}
+
+// registrar registers collectors on reg until one fails; err is the
+// first failure.
+type registrar struct {
+	reg prometheus.Registerer
+	err error
+}
+
+// register registers c with r (see registerOrExisting) and returns the
+// collector to use; after a failure it registers nothing more.
+func register[T prometheus.Collector](r *registrar, c T) T {
+	if r.err != nil {
+		return c
+	}
+	c, r.err = registerOrExisting(r.reg, c)
+	return c
 }
 
 // registerOrExisting registers c on reg, or returns the equal collector

@@ -185,13 +185,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	var providers []proxy.Provider
 	for i, p := range h.Providers {
-		if p.Name == "" {
-			return fmt.Errorf("provider %d has no name", i+1)
-		}
-		for _, q := range h.Providers[:i] {
-			if q.Name == p.Name {
-				return fmt.Errorf("provider %q is defined twice", p.Name)
-			}
+		if err := checkProviderName(p.Name, h.Providers[:i]); err != nil {
+			return err
 		}
 		if err := p.provision(ctx); err != nil {
 			return err
@@ -229,30 +224,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if len(h.Providers) == 0 {
 			return errors.New("probe needs provider blocks: in drop-in mode there is no provider to probe")
 		}
-		if !validProbeMethod(h.Probe.Method) || !strings.HasPrefix(h.Probe.Path, "/") {
-			return fmt.Errorf("probe: invalid method %q or path %q", h.Probe.Method, h.Probe.Path)
+		if err := h.Probe.check(); err != nil {
+			return err
 		}
-		pr := &prober{
-			cfg:      *h.Probe,
-			timeout:  time.Duration(h.AttemptTimeout),
-			max:      h.MaxResponseBody,
-			contract: contract,
-			scope:    h.scope,
-			metrics:  obs,
-			logger:   h.logger.With(zap.String("scope", h.scope)),
-		}
-		if pr.timeout <= 0 {
-			pr.timeout = 30 * time.Second
-		}
-		if pr.max <= 0 {
-			pr.max = 8 << 20
-		}
-		if h.Probe.BodyFile != "" {
-			if pr.body, err = os.ReadFile(h.Probe.BodyFile); err != nil {
-				return fmt.Errorf("probe: %w", err)
-			}
-		}
-		pr.start(ctx, h.Providers)
 		h.eligible = probedEligible(h.scope, names)
 	}
 
@@ -285,20 +259,65 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if cfg.Fingerprint, err = proxy.ParseBodyMode(h.Fingerprint); err != nil {
 		return err
 	}
-	switch h.InFlight {
-	case "", "wait":
-	case "reject":
-		cfg.InFlightReject = true
-	default:
-		return fmt.Errorf("in_flight must be wait or reject, not %q", h.InFlight)
+	if cfg.InFlightReject, err = inFlightReject(h.InFlight); err != nil {
+		return err
 	}
 	if len(h.FailoverOn) > 0 {
 		if cfg.FailoverOn, err = proxy.ParseFailoverOn(h.FailoverOn); err != nil {
 			return err
 		}
 	}
-	h.mw, err = proxy.New(cfg)
-	return err
+	if err := h.checkHeaderNames(); err != nil {
+		return err
+	}
+	if h.mw, err = proxy.New(cfg); err != nil {
+		return err
+	}
+	if h.Probe != nil {
+		// The probe's bounds are the attempts', defaults filled in.
+		c := h.mw.Config()
+		pr := &prober{
+			cfg:      *h.Probe,
+			timeout:  c.AttemptTimeout,
+			max:      c.MaxResponseBody,
+			contract: contract,
+			scope:    h.scope,
+			metrics:  obs,
+			logger:   h.logger.With(zap.String("scope", h.scope)),
+		}
+		if h.Probe.BodyFile != "" {
+			if pr.body, err = os.ReadFile(h.Probe.BodyFile); err != nil {
+				return fmt.Errorf("probe: %w", err)
+			}
+		}
+		pr.start(ctx, h.Providers)
+	}
+	return nil
+}
+
+// inFlightReject is the rule of in_flight, in JSON and in a Caddyfile:
+// whether duplicates of a running job get 409 at once instead of waiting.
+func inFlightReject(mode string) (bool, error) {
+	if mode != "" && mode != "wait" && mode != "reject" {
+		return false, fmt.Errorf("in_flight must be wait or reject, not %q", mode)
+	}
+	return mode == "reject", nil
+}
+
+// checkHeaderNames refuses a key_header or fingerprint_headers entry that
+// is not a header name.
+func (h *Handler) checkHeaderNames() error {
+	if h.KeyHeader != "" {
+		if err := checkHeaderName(h.KeyHeader); err != nil {
+			return fmt.Errorf("key_header: %w", err)
+		}
+	}
+	for _, name := range h.FingerprintHeaders {
+		if err := checkHeaderName(name); err != nil {
+			return fmt.Errorf("fingerprint_headers: %w", err)
+		}
+	}
+	return nil
 }
 
 // Cleanup takes the handler's providers off the admin API's list. The

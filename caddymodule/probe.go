@@ -31,6 +31,18 @@ type ProbeConfig struct {
 
 const defaultProbeEvery = 30 * time.Second
 
+// check is the rule a probe's request is held to, in JSON and in a
+// Caddyfile: a method token and a path.
+func (p *ProbeConfig) check() error {
+	if !validMethod(p.Method) {
+		return fmt.Errorf("probe: invalid method %q", p.Method)
+	}
+	if !strings.HasPrefix(p.Path, "/") {
+		return fmt.Errorf("probe: the path must start with /, not %q", p.Path)
+	}
+	return nil
+}
+
 // prober runs the probes of one handler's providers until its config is
 // unloaded.
 type prober struct {
@@ -156,8 +168,3 @@ func (r *probeRecorder) Write(p []byte) (int, error) {
 }
 
 func (r *probeRecorder) Flush() {}
-
-// validProbeMethod is a method token as RFC 9110 defines it.
-func validProbeMethod(m string) bool {
-	return m != "" && !strings.ContainsAny(m, " \t\r\n()<>@,;:\\\"/[]?={}")
-}

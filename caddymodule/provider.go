@@ -26,6 +26,21 @@ type Provider struct {
 	handler caddyhttp.Handler
 }
 
+// checkProviderName is the rule a provider's name is held to, in JSON and
+// in a Caddyfile: it is given, and no earlier provider of the handler has
+// it.
+func checkProviderName(name string, earlier []*Provider) error {
+	if name == "" {
+		return fmt.Errorf("provider %d has no name", len(earlier)+1)
+	}
+	for _, q := range earlier {
+		if q.Name == name {
+			return fmt.Errorf("provider %q is defined twice", name)
+		}
+	}
+	return nil
+}
+
 // errNoAnswer is returned when no route of a provider answers: nothing was
 // sent anywhere, so the failure is definitive.
 var errNoAnswer = errors.New("no handler of the provider answered")
