@@ -56,6 +56,7 @@ type Breach struct {
 	Detail string
 }
 
+// Error says which rule broke and how: "contract: <rule>: <detail>".
 func (b *Breach) Error() string { return "contract: " + b.Rule + ": " + b.Detail }
 
 // The rules a Breach names.

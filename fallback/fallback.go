@@ -21,6 +21,7 @@ const (
 	Unknown
 )
 
+// String names the verdict: result, failed or unknown.
 func (v Verdict) String() string {
 	switch v {
 	case Result:

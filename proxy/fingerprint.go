@@ -41,6 +41,8 @@ func ParseBodyMode(s string) (BodyMode, error) {
 	return 0, errors.New("fingerprint must be raw, json or graphql, not " + strconv.Quote(s))
 }
 
+// String names the mode as the fingerprint option does: raw, json or
+// graphql.
 func (m BodyMode) String() string {
 	switch m {
 	case BodyRaw:

@@ -67,6 +67,8 @@ type Event struct {
 	Command []byte
 }
 
+// String is the event as a line of the fault log: its time, its kind and
+// what it did.
 func (e Event) String() string {
 	s := e.At.Format("15:04:05.000") + " " + e.Kind
 	switch e.Kind {
