@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onejob/onejob/integration/faultproxy"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/proxy"
 )
@@ -734,12 +735,44 @@ func (c *checker) unarrivedCause(at adminAttempt, insts []int) string {
 		if r.Provider != at.Provider || r.At.Before(start.Add(-acceptSlack)) || r.At.After(end) {
 			continue
 		}
-		if !leaseExpired || c.linkFault(insts, start.Add(-slack), start.Add(c.ev.AttemptDeadline+slack)) != nil ||
-			c.restarted(start.Add(-slack), start.Add(c.ev.AttemptDeadline+slack)) {
+		if !leaseExpired {
+			return "upstream: reset on accept"
+		}
+		// The lease ran out instead of the gateway recording the broken
+		// connection: the ledger did not answer it right after the reset
+		// (its link cut, replies delayed, or the ledger restarting).
+		if c.unanswered(insts, r.At, r.At.Add(slack)) {
 			return "upstream: reset on accept"
 		}
 	}
 	return ""
+}
+
+// unanswered reports whether the ledger could leave a call of one of insts
+// (any, when empty) made between from and to without an answer: its
+// server restarting, or the instance's ledger link cut or delaying the
+// replies of new calls.
+func (c *checker) unanswered(insts []int, from, to time.Time) bool {
+	if c.restarted(from, to) {
+		return true
+	}
+	for _, e := range c.ev.Links {
+		if e.Link == "cache" || (len(insts) > 0 && !slices.Contains(insts, e.Gateway)) {
+			continue
+		}
+		s, t := e.span()
+		switch e.Kind {
+		case faultproxy.KindDelay:
+			t = t.Add(-e.Delay) // the window: a call made later is answered in time
+		case faultproxy.KindCut:
+		default:
+			continue
+		}
+		if !t.Before(from) && !s.After(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // instancesAt returns the instances that may have run attempt at: those

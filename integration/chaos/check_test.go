@@ -283,6 +283,24 @@ func TestCheckNeverSentUnknown(t *testing.T) {
 			ev.Links = []linkEvent{{Gateway: 1, Link: "postgres", Event: faultproxy.Event{
 				Kind: faultproxy.KindCut, At: t0.Add(100 * time.Millisecond), End: t0.Add(3 * time.Second)}}}
 		}, "upstream: reset on accept"},
+		{"lease expired, a reset on accept after the ledger link came back", func(ev *evidence) {
+			leaseExpired(ev)
+			ev.AcceptResets = []acceptReset{{Provider: "primary", At: t0.Add(50 * time.Millisecond)}}
+			ev.Links = []linkEvent{{Gateway: 1, Link: "postgres", Event: faultproxy.Event{
+				Kind: faultproxy.KindCut, At: t0.Add(-3 * time.Second), End: t0}}}
+		}, ""},
+		{"lease expired, a reset on accept after a window of delayed replies", func(ev *evidence) {
+			leaseExpired(ev)
+			ev.AcceptResets = []acceptReset{{Provider: "primary", At: t0.Add(50 * time.Millisecond)}}
+			ev.Links = []linkEvent{{Gateway: 1, Link: "postgres", Event: faultproxy.Event{
+				Kind: faultproxy.KindDelay, At: t0.Add(-time.Second), End: t0.Add(5500 * time.Millisecond), Delay: 6 * time.Second}}}
+		}, ""},
+		{"lease expired, a reset on accept within a window of delayed replies", func(ev *evidence) {
+			leaseExpired(ev)
+			ev.AcceptResets = []acceptReset{{Provider: "primary", At: t0.Add(50 * time.Millisecond)}}
+			ev.Links = []linkEvent{{Gateway: 1, Link: "postgres", Event: faultproxy.Event{
+				Kind: faultproxy.KindDelay, At: t0.Add(-time.Second), End: t0.Add(6500 * time.Millisecond), Delay: 6 * time.Second}}}
+		}, "upstream: reset on accept"},
 		{"lease expired, the ledger link cut, nothing reset", func(ev *evidence) {
 			leaseExpired(ev)
 			ev.Links = []linkEvent{{Gateway: 1, Link: "postgres", Event: faultproxy.Event{
