@@ -163,6 +163,16 @@ func reserve(t *testing.T, l ledger.Ledger, key, provider string) ledger.Reserva
 	return r
 }
 
+// reserveUnknown reserves a job whose attempt then ends unknown, for why.
+func reserveUnknown(t *testing.T, l ledger.Ledger, key, why string) ledger.Reservation {
+	t.Helper()
+	r := reserve(t, l, key, "primary")
+	if err := l.MarkUnknown(context.Background(), r.Attempt.Ref(), why); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func complete(t *testing.T, l ledger.Ledger, a *ledger.Attempt, body string) {
 	t.Helper()
 	c, err := l.Complete(context.Background(), a.Ref(), ledger.Response{
@@ -579,10 +589,7 @@ func TestAdminResolveCancel(t *testing.T) {
 	h := adminMux(t)
 	ctx := context.Background()
 
-	r := reserve(t, mem, "cancel", "primary")
-	if err := mem.MarkUnknown(ctx, r.Attempt.Ref(), "attempt timed out"); err != nil {
-		t.Fatal(err)
-	}
+	r := reserveUnknown(t, mem, "cancel", "attempt timed out")
 	j := decode[map[string]any](t, do(t, h, "POST", "/idempotency/jobs/"+r.Job.ID+"/resolve", `{"outcome":"cancel"}`), 200)
 	if j["id"] != r.Job.ID || j["state"] != "failed" || j["completed_by"] != nil || j["response"] != nil ||
 		j["version"] != float64(r.Job.Version+1) {
@@ -622,10 +629,7 @@ func TestAdminResolveComplete(t *testing.T) {
 	h := adminMux(t)
 	ctx := context.Background()
 
-	r := reserve(t, mem, "complete", "primary")
-	if err := mem.MarkUnknown(ctx, r.Attempt.Ref(), "connection broken"); err != nil {
-		t.Fatal(err)
-	}
+	r := reserveUnknown(t, mem, "complete", "connection broken")
 	body := []byte(`{"charge":"ch_1","status":"succeeded"}`)
 	req, err := json.Marshal(map[string]any{
 		"outcome": "complete",

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -33,8 +32,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	idempotency [<matcher>] {
 //		scope <name>
-//		ledger file [<path>] | memory | postgres <dsn> [<schema>] | redis <url> [<prefix>]
-//		cache redis <url> [<prefix>]
+//		ledger <backend> <args...> [{ <settings> }]
+//		cache <backend> <args...> [{ <settings> }]
 //		owner <value>
 //		owner_secret <secret>
 //		key_header <name>
@@ -64,8 +63,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 //
-// Provider blocks need the Caddyfile adapter (they are parsed as
-// subroutes); everything else can be unmarshaled on its own.
+// The ledger and the cache are guest modules, each parsing its own
+// arguments and block (see their UnmarshalCaddyfile): ledger file
+// [<path>] | memory | postgres <dsn> [<schema>] | redis <url> [<prefix>],
+// and cache redis <url> [<prefix>]. Provider blocks need the Caddyfile
+// adapter (they are parsed as subroutes); everything else can be
+// unmarshaled on its own.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return h.unmarshal(d, nil)
 }
@@ -78,106 +81,108 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
-		if name == "provider" {
-			if err := h.parseProvider(d, helper); err != nil {
-				return err
+		if name != "provider" { // one block per provider; all else once
+			if seen[name] {
+				return d.Errf("duplicate subdirective %q", name)
 			}
-			continue
+			seen[name] = true
 		}
-		if seen[name] {
-			return d.Errf("duplicate subdirective %q", name)
-		}
-		seen[name] = true
-		args := d.RemainingArgs()
 		var err error
 		switch name {
+		case "provider":
+			err = h.parseProvider(d, helper)
 		case "ledger":
-			err = h.parseLedger(d, args)
-		case "scope":
-			if h.Scope, err = one(d, args); err == nil && !validScope(h.Scope) {
-				return d.Errf("scope %q: want 1 to %d visible characters, no spaces", h.Scope, maxScopeLen)
-			}
-		case "owner":
-			h.Owner, err = one(d, args)
-		case "owner_secret":
-			h.OwnerSecret, err = one(d, args)
-		case "key_header":
-			if h.KeyHeader, err = one(d, args); err == nil {
-				err = checkHeaderNameAt(d, h.KeyHeader)
-			}
-		case "methods":
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			for _, m := range args {
-				h.Methods = append(h.Methods, strings.ToUpper(m))
-			}
-		case "require_key":
-			if len(args) != 0 {
-				return d.ArgErr()
-			}
-			h.RequireKey = true
-		case "fingerprint":
-			if h.Fingerprint, err = one(d, args); err == nil {
-				if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil {
-					return d.Errf("fingerprint must be raw, json or graphql, not %q", h.Fingerprint)
-				}
-			}
-		case "fingerprint_headers":
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			for _, name := range args {
-				if err := checkHeaderNameAt(d, name); err != nil {
-					return err
-				}
-			}
-			h.FingerprintHeaders = args
-		case "max_request_body":
-			h.MaxRequestBody, err = size(d, args)
-		case "max_response_body":
-			h.MaxResponseBody, err = size(d, args)
-		case "retention":
-			h.Retention, err = duration(d, args)
-		case "attempt_timeout":
-			h.AttemptTimeout, err = duration(d, args)
-		case "attempt_deadline":
-			h.AttemptDeadline, err = duration(d, args)
-		case "in_flight":
-			err = h.parseInFlight(d, args)
+			h.LedgerRaw, err = unmarshalGuest[LedgerModule](d, ledgerNamespace, "backend")
 		case "cache":
-			if len(args) < 2 || len(args) > 3 || args[0] != "redis" {
-				return d.Errf("usage: cache redis <url> [<prefix>]")
-			}
-			h.Cache = &CacheConfig{Backend: "redis", URL: args[1]}
-			if len(args) == 3 {
-				h.Cache.Prefix = args[2]
-			}
-		case "hedge_after":
-			h.HedgeAfter, err = duration(d, args)
-		case "contract":
-			if len(args) != 0 {
-				return d.ArgErr()
-			}
-			err = h.parseContract(d)
-		case "probe":
-			err = h.parseProbe(d, args)
-		case "failover_on":
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			if _, perr := proxy.ParseFailoverOn(args); perr != nil {
-				return d.Err(perr.Error())
-			}
-			h.FailoverOn = args
+			h.CacheRaw, err = unmarshalGuest[CacheModule](d, cacheNamespace, "backend")
 		default:
-			return d.Errf("unknown subdirective %q", name)
+			err = h.unmarshalOption(d, name, d.RemainingArgs())
 		}
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// unmarshalOption reads one subdirective of the handler's own config
+// (not a provider, ledger or cache) and its arguments.
+func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []string) error {
+	var err error
+	switch name {
+	case "scope":
+		if h.Scope, err = one(d, args); err == nil && !validScope(h.Scope) {
+			return d.Errf("scope %q: want 1 to %d visible characters, no spaces", h.Scope, maxScopeLen)
+		}
+	case "owner":
+		h.Owner, err = one(d, args)
+	case "owner_secret":
+		h.OwnerSecret, err = one(d, args)
+	case "key_header":
+		if h.KeyHeader, err = one(d, args); err == nil {
+			err = checkHeaderNameAt(d, h.KeyHeader)
+		}
+	case "methods":
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		for _, m := range args {
+			h.Methods = append(h.Methods, strings.ToUpper(m))
+		}
+	case "require_key":
+		if len(args) != 0 {
+			return d.ArgErr()
+		}
+		h.RequireKey = true
+	case "fingerprint":
+		if h.Fingerprint, err = one(d, args); err == nil {
+			if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil {
+				return d.Errf("fingerprint must be raw, json or graphql, not %q", h.Fingerprint)
+			}
+		}
+	case "fingerprint_headers":
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		for _, name := range args {
+			if err := checkHeaderNameAt(d, name); err != nil {
+				return err
+			}
+		}
+		h.FingerprintHeaders = args
+	case "max_request_body":
+		h.MaxRequestBody, err = size(d, args)
+	case "max_response_body":
+		h.MaxResponseBody, err = size(d, args)
+	case "retention":
+		h.Retention, err = duration(d, args)
+	case "attempt_timeout":
+		h.AttemptTimeout, err = duration(d, args)
+	case "attempt_deadline":
+		h.AttemptDeadline, err = duration(d, args)
+	case "in_flight":
+		err = h.parseInFlight(d, args)
+	case "hedge_after":
+		h.HedgeAfter, err = duration(d, args)
+	case "contract":
+		if len(args) != 0 {
+			return d.ArgErr()
+		}
+		err = h.parseContract(d)
+	case "probe":
+		err = h.parseProbe(d, args)
+	case "failover_on":
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		if _, perr := proxy.ParseFailoverOn(args); perr != nil {
+			return d.Err(perr.Error())
+		}
+		h.FailoverOn = args
+	default:
+		return d.Errf("unknown subdirective %q", name)
+	}
+	return err
 }
 
 func one(d *caddyfile.Dispenser, args []string) (string, error) {
@@ -209,51 +214,6 @@ func duration(d *caddyfile.Dispenser, args []string) (caddy.Duration, error) {
 		return 0, d.Errf("invalid duration %q", s)
 	}
 	return caddy.Duration(v), nil
-}
-
-func (h *Handler) parseLedger(d *caddyfile.Dispenser, args []string) error {
-	if len(args) == 0 {
-		return d.ArgErr()
-	}
-	var mod caddy.Module
-	switch args[0] {
-	case "memory":
-		if len(args) != 1 {
-			return d.ArgErr()
-		}
-		mod = MemoryLedger{}
-	case "postgres":
-		if len(args) < 2 || len(args) > 3 {
-			return d.Errf("usage: ledger postgres <dsn> [<schema>]")
-		}
-		p := PostgresLedger{DSN: args[1]}
-		if len(args) == 3 {
-			p.Schema = args[2]
-		}
-		mod = p
-	case "file":
-		if len(args) > 2 {
-			return d.Errf("usage: ledger file [<path>]")
-		}
-		f := FileLedger{}
-		if len(args) == 2 {
-			f.Path = args[1]
-		}
-		mod = f
-	case "redis":
-		if len(args) < 2 || len(args) > 3 {
-			return d.Errf("usage: ledger redis <url> [<prefix>]")
-		}
-		r := RedisLedger{URL: args[1]}
-		if len(args) == 3 {
-			r.Prefix = args[2]
-		}
-		mod = r
-	default:
-		return d.Errf("unknown ledger %q (want file, memory, postgres or redis)", args[0])
-	}
-	h.LedgerRaw = caddyconfig.JSONModuleObject(mod, "backend", mod.CaddyModule().ID.Name(), nil)
-	return nil
 }
 
 func (h *Handler) parseContract(d *caddyfile.Dispenser) error {

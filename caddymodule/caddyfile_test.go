@@ -10,24 +10,27 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 )
 
+// everyOption is a directive with most subdirectives (also a fuzz seed).
+const everyOption = `idempotency {
+	ledger postgres postgres://u@127.0.0.1/db myschema
+	owner {http.request.header.X-Api-Key}
+	owner_secret s3cret
+	key_header X-Idempotency-Key
+	methods post put
+	require_key
+	fingerprint raw
+	fingerprint_headers Content-Type X-Tenant
+	max_request_body 2MiB
+	max_response_body 1KB
+	retention 48h
+	attempt_timeout 2s
+	attempt_deadline 1m
+	in_flight wait 5s
+	failover_on connect_error 503
+}`
+
 func TestUnmarshalCaddyfile(t *testing.T) {
-	in := `idempotency {
-		ledger postgres postgres://u@127.0.0.1/db myschema
-		owner {http.request.header.X-Api-Key}
-		owner_secret s3cret
-		key_header X-Idempotency-Key
-		methods post put
-		require_key
-		fingerprint raw
-		fingerprint_headers Content-Type X-Tenant
-		max_request_body 2MiB
-		max_response_body 1KB
-		retention 48h
-		attempt_timeout 2s
-		attempt_deadline 1m
-		in_flight wait 5s
-		failover_on connect_error 503
-	}`
+	in := everyOption
 	var h Handler
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
 		t.Fatal(err)
@@ -53,7 +56,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"argument on the directive", `idempotency foo`, "wrong argument count"},
 		{"unknown subdirective", "idempotency {\n\tbogus\n}", `unknown subdirective "bogus", at Testfile:2`},
 		{"duplicate", "idempotency {\n\tretention 1h\n\tretention 2h\n}", `duplicate subdirective "retention", at Testfile:3`},
-		{"ledger unknown", "idempotency {\n\tledger mysql x\n}", `unknown ledger "mysql" (want file, memory, postgres or redis), at Testfile:2`},
+		{"ledger unknown", "idempotency {\n\tledger mysql x\n}", `unknown ledger "mysql" (want file, `},
 		{"ledger missing", "idempotency {\n\tledger\n}", "wrong argument count or unexpected line ending after 'ledger', at Testfile:2"},
 		{"ledger postgres without dsn", "idempotency {\n\tledger postgres\n}", "ledger postgres <dsn>"},
 		{"ledger file args", "idempotency {\n\tledger file a b\n}", "usage: ledger file [<path>]"},
@@ -103,6 +106,32 @@ func TestAdapt(t *testing.T) {
 	if len(warnings) > 0 {
 		t.Errorf("warnings: %v", warnings)
 	}
+	routes := adaptedRoutes(t, out)
+	if len(routes) != 2 {
+		t.Fatalf("routes: %s", out)
+	}
+	first := string(routes[0][0])
+	want := `{"handler":"idempotency","in_flight":"reject","ledger":{"backend":"memory"}}`
+	if first != want {
+		t.Errorf("first route handler = %s, want %s (the directive must come before handle)", first, want)
+	}
+	if !strings.Contains(string(routes[1][0]), `"handler":"subroute"`) {
+		t.Errorf("second route = %s, want the handle block", routes[1][0])
+	}
+}
+
+func TestAdaptErrorHasLine(t *testing.T) {
+	in := ":8080 {\n\tidempotency {\n\t\tretention 1h\n\t\tretention_typo 2h\n\t}\n}\n"
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in), map[string]any{"filename": "Caddyfile"})
+	if err == nil || !strings.Contains(err.Error(), "Caddyfile:4") || !strings.Contains(err.Error(), "retention_typo") {
+		t.Errorf("error = %v, want one naming Caddyfile:4 and the subdirective", err)
+	}
+}
+
+// adaptedRoutes returns the handlers of each route of server srv0 in an
+// adapted config.
+func adaptedRoutes(t *testing.T, out []byte) [][]json.RawMessage {
+	t.Helper()
 	var cfg struct {
 		Apps struct {
 			HTTP struct {
@@ -117,26 +146,11 @@ func TestAdapt(t *testing.T) {
 	if err := json.Unmarshal(out, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	srv := cfg.Apps.HTTP.Servers["srv0"]
-	if len(srv.Routes) != 2 {
-		t.Fatalf("routes: %s", out)
+	var routes [][]json.RawMessage
+	for _, r := range cfg.Apps.HTTP.Servers["srv0"].Routes {
+		routes = append(routes, r.Handle)
 	}
-	first := string(srv.Routes[0].Handle[0])
-	want := `{"handler":"idempotency","in_flight":"reject","ledger":{"backend":"memory"}}`
-	if first != want {
-		t.Errorf("first route handler = %s, want %s (the directive must come before handle)", first, want)
-	}
-	if !strings.Contains(string(srv.Routes[1].Handle[0]), `"handler":"subroute"`) {
-		t.Errorf("second route = %s, want the handle block", srv.Routes[1].Handle[0])
-	}
-}
-
-func TestAdaptErrorHasLine(t *testing.T) {
-	in := ":8080 {\n\tidempotency {\n\t\tretention 1h\n\t\tretention_typo 2h\n\t}\n}\n"
-	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in), map[string]any{"filename": "Caddyfile"})
-	if err == nil || !strings.Contains(err.Error(), "Caddyfile:4") || !strings.Contains(err.Error(), "retention_typo") {
-		t.Errorf("error = %v, want one naming Caddyfile:4 and the subdirective", err)
-	}
+	return routes
 }
 
 func adapt(t *testing.T, in string) ([]byte, error) {
@@ -180,28 +194,17 @@ func TestAdaptProviders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg struct {
-		Apps struct {
-			HTTP struct {
-				Servers map[string]struct {
-					Routes []struct {
-						Handle []struct {
-							Handler    string `json:"handler"`
-							HedgeAfter int64  `json:"hedge_after"`
-							Providers  []struct {
-								Name   string            `json:"name"`
-								Routes []json.RawMessage `json:"routes"`
-							} `json:"providers"`
-						} `json:"handle"`
-					} `json:"routes"`
-				} `json:"servers"`
-			} `json:"http"`
-		} `json:"apps"`
+	var h struct {
+		Handler    string `json:"handler"`
+		HedgeAfter int64  `json:"hedge_after"`
+		Providers  []struct {
+			Name   string            `json:"name"`
+			Routes []json.RawMessage `json:"routes"`
+		} `json:"providers"`
 	}
-	if err := json.Unmarshal(out, &cfg); err != nil {
+	if err := json.Unmarshal(adaptedRoutes(t, out)[0][0], &h); err != nil {
 		t.Fatal(err)
 	}
-	h := cfg.Apps.HTTP.Servers["srv0"].Routes[0].Handle[0]
 	if h.Handler != "idempotency" || h.HedgeAfter != 250e6 || len(h.Providers) != 2 ||
 		h.Providers[0].Name != "primary" || h.Providers[1].Name != "fallback" {
 		t.Fatalf("adapted handler: %s", out)
@@ -234,20 +237,23 @@ func TestAdaptProviderErrors(t *testing.T) {
 	}
 }
 
+// contractAndProbe is a directive with a contract and a probe block (also
+// a fuzz seed).
+const contractAndProbe = `idempotency {
+	contract {
+		status 2xx 404
+		content_type application/json
+		json_schema /etc/schemas/charge.json
+		graphql_schema /etc/schemas/api.graphql
+	}
+	probe post /health /etc/probe.json {
+		every 15s
+	}
+}`
+
 func TestUnmarshalContractAndProbe(t *testing.T) {
-	in := `idempotency {
-		contract {
-			status 2xx 404
-			content_type application/json
-			json_schema /etc/schemas/charge.json
-			graphql_schema /etc/schemas/api.graphql
-		}
-		probe post /health /etc/probe.json {
-			every 15s
-		}
-	}`
 	var h Handler
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(contractAndProbe)); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := json.Marshal(h)

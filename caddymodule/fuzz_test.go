@@ -29,25 +29,9 @@ var caddyfileSeeds = []string{
 	"idempotency",
 	"idempotency {\n}",
 	"idempotency foo",
-	`idempotency {
-	ledger postgres postgres://u@127.0.0.1/db myschema
-	cache redis redis://127.0.0.1:6379/0 p:
-	owner {http.request.header.X-Api-Key}
-	owner_secret s3cret
-	key_header X-Idempotency-Key
-	methods post put
-	require_key
-	fingerprint graphql
-	fingerprint_headers Content-Type X-Tenant
-	max_request_body 2MiB
-	max_response_body 1KB
-	retention 48h
-	attempt_timeout 2s
-	attempt_deadline 1m
-	in_flight wait 5s
-	failover_on connect_error contract 503
-	hedge_after 250ms
-}`,
+	everyOption,
+	"idempotency {\n\tcache redis redis://127.0.0.1:6379/0 p:\n\tfingerprint graphql\n\tfailover_on connect_error contract 503\n\thedge_after 250ms\n}",
+	"idempotency {\n\tledger postgres {\n\t\tdsn postgres://db/x\n\t\tschema s\n\t}\n\tcache redis {\n\t\turl redis://h\n\t}\n}",
 	"idempotency {\n\tledger file /var/lib/onejob.db\n}",
 	"idempotency {\n\tledger redis redis://h:1/2 pre:\n}",
 	"idempotency {\n\tledger memory\n\tin_flight reject\n}",
@@ -60,17 +44,7 @@ var caddyfileSeeds = []string{
 	"idempotency {\n\tin_flight wait 1s 2s\n}",
 	"idempotency {\n\tfailover_on 503 teapot\n}",
 	"idempotency {\n\tcache memcached x\n}",
-	`idempotency {
-	contract {
-		status 2xx 404
-		content_type application/json
-		json_schema /etc/schemas/charge.json
-		graphql_schema /etc/schemas/api.graphql
-	}
-	probe post /health /etc/probe.json {
-		every 15s
-	}
-}`,
+	contractAndProbe,
 	"idempotency {\n\tcontract {\n\t\tstatus 7xx\n\t}\n}",
 	"idempotency {\n\tcontract {\n\t\tcontract {\n\t\t}\n\t}\n}",
 	"idempotency {\n\tprobe GET /h {\n\t\tevery\n\t}\n}",
@@ -192,8 +166,14 @@ func checkHandlerConfig(t *testing.T, in string, h *Handler) {
 			t.Fatalf("%q: ledger %s accepted (%v)", in, h.LedgerRaw, err)
 		}
 	}
-	if h.Cache != nil && (h.Cache.Backend != "redis" || h.Cache.URL == "") {
-		t.Fatalf("%q: cache %+v accepted", in, h.Cache)
+	if h.CacheRaw != nil {
+		var c struct {
+			Backend string  `json:"backend"`
+			URL     *string `json:"url"`
+		}
+		if err := json.Unmarshal(h.CacheRaw, &c); err != nil || c.Backend != "redis" || c.URL == nil {
+			t.Fatalf("%q: cache %s accepted (%v)", in, h.CacheRaw, err)
+		}
 	}
 	if c := h.Contract; c != nil {
 		if _, err := fallback.CompileContract(fallback.ContractSpec{Statuses: c.Status}); err != nil {

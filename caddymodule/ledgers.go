@@ -2,28 +2,61 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/ledger"
-	"github.com/onejob/onejob/ledger/file"
-	"github.com/onejob/onejob/ledger/memory"
-	"github.com/onejob/onejob/ledger/postgres"
 )
 
-func init() {
-	caddy.RegisterModule(MemoryLedger{})
-	caddy.RegisterModule(FileLedger{})
-	caddy.RegisterModule(PostgresLedger{})
-}
+// The ledgers and the replay caches are guest modules of the handler, as
+// reverse_proxy's transports are of reverse_proxy: each is a Caddy module
+// in its own namespace, with its own JSON config and Caddyfile syntax, and
+// the handler loads it by name. A third party adds a ledger without
+// touching this package, in a package of its own:
+//
+//	func init() { caddy.RegisterModule(Mine{}) }
+//
+//	// Mine keeps jobs in ... (its JSON config, documented field by field)
+//	type Mine struct {
+//		// Addr is the server's address.
+//		Addr string `json:"addr"`
+//
+//		caddymodule.LedgerHolder
+//	}
+//
+//	func (Mine) CaddyModule() caddy.ModuleInfo {
+//		return caddy.ModuleInfo{ID: "idempotency.ledgers.mine", New: func() caddy.Module { return new(Mine) }}
+//	}
+//
+//	func (m *Mine) Provision(ctx caddy.Context) error {
+//		return m.Open(ctx, "mine\x00"+m.Addr, func() (ledger.Ledger, error) { return mine.Open(m.Addr) })
+//	}
+//
+//	// UnmarshalCaddyfile ... Syntax: ledger mine <addr>
+//	func (m *Mine) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { ... }
+//
+// Its ledger passes the conformance suite of package ledger/ledgertest.
+// Then `ledger mine <addr>` in a Caddyfile and {"backend": "mine", ...} in
+// JSON name it, and the admin API lists its jobs.
+
+// The guest modules' namespaces.
+const (
+	ledgerNamespace = "idempotency.ledgers"
+	cacheNamespace  = "idempotency.caches"
+)
 
 // LedgerModule is a ledger backend module (namespace idempotency.ledgers).
 // Its ledger is shared by every config that names the same store, and
-// outlives config reloads while any attempt still holds it.
+// outlives config reloads while any attempt still holds it. A module that
+// embeds LedgerHolder and calls its Open in Provision is one.
 type LedgerModule interface {
 	// Ledger returns the provisioned ledger.
 	Ledger() ledger.Ledger
@@ -91,15 +124,26 @@ func (s *shared) Destruct() error {
 	return s.Ledger.Close()
 }
 
-// holder is the common part of the ledger modules.
-type holder struct {
+// LedgerHolder is the part of a ledger module that keeps its ledger in the
+// process's pool: one open ledger per store, shared by every config and
+// attempt that uses it, closed when the last of them lets go, with a
+// sweeper that records expired leases and removes expired jobs. The admin
+// API lists the jobs of every ledger in the pool. Embed it and call Open
+// in Provision; it provides the module's Ledger, Hold and Cleanup.
+type LedgerHolder struct {
 	key    string
 	shared *shared
 }
 
-func (h *holder) open(key string, ctor func() (ledger.Ledger, error), log *zap.Logger) error {
+// Open opens the ledger that open returns, or shares the one already open
+// for the same store: key names the store (start it with the module's
+// name, then what tells two stores apart, e.g. "postgres\x00"+dsn), and
+// open runs only when no config holds that store yet. Call it once, in
+// Provision.
+func (h *LedgerHolder) Open(ctx caddy.Context, key string, open func() (ledger.Ledger, error)) error {
+	log := ctx.Logger()
 	v, _, err := ledgers.LoadOrNew(key, func() (caddy.Destructor, error) {
-		l, err := ctor()
+		l, err := open()
 		if err != nil {
 			return nil, err
 		}
@@ -112,11 +156,15 @@ func (h *holder) open(key string, ctor func() (ledger.Ledger, error), log *zap.L
 	return nil
 }
 
-func (h *holder) Ledger() ledger.Ledger { return h.shared }
+// Ledger returns the ledger Open opened.
+func (h *LedgerHolder) Ledger() ledger.Ledger { return h.shared }
 
-func (h *holder) poolKey() string { return h.key }
+// poolKey names the ledger's store, for what is kept beside it (a cache).
+func (h *LedgerHolder) poolKey() string { return h.key }
 
-func (h *holder) Hold() func() { return holdPooled(ledgers, h.key) }
+// Hold takes one more reference on the ledger, for an attempt that may
+// outlive this config, and returns its release.
+func (h *LedgerHolder) Hold() func() { return holdPooled(ledgers, h.key) }
 
 // holdPooled takes one more reference on the pool's entry for key, which
 // must exist, and returns its release: so an attempt keeps what it uses
@@ -131,7 +179,7 @@ func holdPooled(pool *caddy.UsagePool, key string) func() {
 }
 
 // Cleanup releases this config's hold on the ledger.
-func (h *holder) Cleanup() error {
+func (h *LedgerHolder) Cleanup() error {
 	if h.key == "" {
 		return nil
 	}
@@ -139,108 +187,96 @@ func (h *holder) Cleanup() error {
 	return err
 }
 
-// MemoryLedger keeps jobs in process memory: for tests and demos. Jobs
-// survive config reloads but not a restart.
-type MemoryLedger struct {
-	holder
-}
-
-// CaddyModule returns the Caddy module information.
-func (MemoryLedger) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "idempotency.ledgers.memory",
-		New: func() caddy.Module { return new(MemoryLedger) },
+// unmarshalGuest reads `<subdirective> <name> ...` (ledger, cache) with
+// the block after it: the guest module <namespace>.<name> parses its own
+// arguments and block with its UnmarshalCaddyfile, which it must have, as
+// reverse_proxy's transports do. It returns the module's JSON, its name
+// under inlineKey; T is the interface the namespace's modules implement.
+func unmarshalGuest[T any](d *caddyfile.Dispenser, namespace, inlineKey string) (json.RawMessage, error) {
+	what := d.Val()
+	if !d.NextArg() {
+		return nil, d.ArgErr()
 	}
-}
-
-// Provision opens (or shares) the process's memory ledger.
-func (m *MemoryLedger) Provision(ctx caddy.Context) error {
-	log := ctx.Logger()
-	log.Warn("idempotency ledger is in memory: nothing survives a restart")
-	return m.open("memory", func() (ledger.Ledger, error) { return memory.New(), nil }, log)
-}
-
-// FileLedger keeps jobs in one local file (bbolt): durable across restarts
-// with no server to run, for one gateway on one machine. The default.
-type FileLedger struct {
-	// Path of the ledger file. Default: onejob/ledger.db in Caddy's data
-	// directory.
-	Path string `json:"path,omitempty"`
-
-	holder
-}
-
-// CaddyModule returns the Caddy module information.
-func (FileLedger) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "idempotency.ledgers.file",
-		New: func() caddy.Module { return new(FileLedger) },
+	name := d.Val()
+	id := namespace + "." + name
+	if _, err := caddy.GetModule(id); err != nil {
+		return nil, d.Errf("unknown %s %q (want %s)", what, name, guestNames(namespace))
 	}
-}
-
-// Provision opens the file, or shares it with the config being replaced:
-// bbolt allows one open per file, so reloads reuse the open database.
-func (f *FileLedger) Provision(ctx caddy.Context) error {
-	path := caddy.NewReplacer().ReplaceAll(f.Path, "")
-	if path == "" {
-		path = filepath.Join(caddy.AppDataDir(), "onejob", "ledger.db")
-	}
-	abs, err := filepath.Abs(path)
+	unm, err := caddyfile.UnmarshalModule(d, id)
 	if err != nil {
-		return fmt.Errorf("file ledger: %w", err)
+		return nil, err
 	}
-	return f.open("file\x00"+abs, func() (ledger.Ledger, error) {
-		return file.Open(abs, file.Options{Timeout: 10 * time.Second})
-	}, ctx.Logger())
+	if _, ok := unm.(T); !ok {
+		return nil, d.Errf("module %s (%T) is not a %s module", id, unm, what)
+	}
+	return caddyconfig.JSONModuleObject(unm, inlineKey, name, nil), nil
 }
 
-// PostgresLedger keeps jobs in PostgreSQL, shared by many gateway instances.
-type PostgresLedger struct {
-	// DSN is the PostgreSQL connection string (URL or key=value form).
-	// Placeholders such as {env.DATABASE_URL} are expanded.
-	DSN string `json:"dsn"`
-	// Schema holds the ledger's tables; default "onejob".
-	Schema string `json:"schema,omitempty"`
-
-	holder
+// guestNames lists the names of a namespace's modules: "a, b or c".
+func guestNames(namespace string) string {
+	var names []string
+	for _, m := range caddy.GetModules(namespace) {
+		names = append(names, m.ID.Name())
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
-// CaddyModule returns the Caddy module information.
-func (PostgresLedger) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "idempotency.ledgers.postgres",
-		New: func() caddy.Module { return new(PostgresLedger) },
-	}
+// setting is one string setting of a guest module in a Caddyfile: its
+// subdirective, the JSON field it fills, and whether it must be given.
+type setting struct {
+	name     string
+	dst      *string
+	required bool
 }
 
-// Provision connects (or shares the connection pool) and migrates the schema.
-func (p *PostgresLedger) Provision(ctx caddy.Context) error {
-	dsn := caddy.NewReplacer().ReplaceAll(p.DSN, "")
-	if dsn == "" {
-		return fmt.Errorf("postgres ledger: dsn is required")
+// unmarshalSettings walks a guest module's Caddyfile segment: the module's
+// name, then its settings, in order as arguments, or by name in a block,
+// each at most once:
+//
+//	<name> [<value>...] {
+//		<setting> <value>
+//	}
+//
+// usage is the syntax errors show.
+func unmarshalSettings(d *caddyfile.Dispenser, usage string, settings ...setting) error {
+	d.Next() // the module's name
+	given := make(map[string]bool, len(settings))
+	args := d.RemainingArgs()
+	if len(args) > len(settings) {
+		return d.Errf("usage: %s", usage)
 	}
-	schema := p.Schema
-	if schema == "" {
-		schema = postgres.DefaultSchema
+	for i, a := range args {
+		*settings[i].dst, given[settings[i].name] = a, true
 	}
-	log := ctx.Logger()
-	return p.open("postgres\x00"+dsn+"\x00"+schema, func() (ledger.Ledger, error) {
-		octx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		return postgres.Open(octx, dsn, postgres.Options{Schema: schema})
-	}, log)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		i := slices.IndexFunc(settings, func(s setting) bool { return s.name == name })
+		switch {
+		case i < 0:
+			return d.Errf("unknown subdirective %q (usage: %s)", name, usage)
+		case given[name]:
+			return d.Errf("%s is given twice", name)
+		}
+		args := d.RemainingArgs()
+		if len(args) != 1 {
+			return d.ArgErr()
+		}
+		*settings[i].dst, given[name] = args[0], true
+	}
+	for _, s := range settings {
+		if s.required && !given[s.name] {
+			return d.Errf("usage: %s", usage)
+		}
+	}
+	return nil
 }
 
 // Interface guards
 var (
-	_ caddy.Provisioner  = (*MemoryLedger)(nil)
-	_ caddy.CleanerUpper = (*MemoryLedger)(nil)
-	_ LedgerModule       = (*MemoryLedger)(nil)
-	_ caddy.Provisioner  = (*FileLedger)(nil)
-	_ caddy.CleanerUpper = (*FileLedger)(nil)
-	_ LedgerModule       = (*FileLedger)(nil)
-	_ caddy.Provisioner  = (*PostgresLedger)(nil)
-	_ caddy.CleanerUpper = (*PostgresLedger)(nil)
-	_ LedgerModule       = (*PostgresLedger)(nil)
 	_ caddy.Destructor   = (*shared)(nil)
+	_ caddy.CleanerUpper = (*LedgerHolder)(nil)
+	_ LedgerModule       = (*LedgerHolder)(nil)
 )

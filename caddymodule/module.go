@@ -1,6 +1,10 @@
 // Package caddymodule is the Caddy glue of onejob: the http.handlers.idempotency
-// handler, its Caddyfile directive, and the ledger modules. The request flow
-// itself lives in package proxy.
+// handler and its Caddyfile directive, its guest modules (the ledgers,
+// idempotency.ledgers.*, and the replay cache, idempotency.caches.redis;
+// see ledgers.go for how a third party adds a ledger), the admin API, the
+// jobs page and the `caddy idempotency` command. The request flow itself
+// lives in package proxy. A Caddy build imports the repository's root
+// package, github.com/onejob/onejob, which imports this one.
 package caddymodule
 
 import (
@@ -21,7 +25,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/fallback"
-	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -48,8 +51,10 @@ type Handler struct {
 	// (api.example.com).
 	Scope string `json:"scope,omitempty"`
 
-	// The ledger that records jobs and attempts. Default: the file ledger
-	// in Caddy's data directory.
+	// The ledger that records jobs and attempts: a module of namespace
+	// idempotency.ledgers, named by its backend (file, memory, postgres,
+	// redis, or a third party's). Default: the file ledger in Caddy's data
+	// directory.
 	LedgerRaw json.RawMessage `json:"ledger,omitempty" caddy:"namespace=idempotency.ledgers inline_key=backend"`
 
 	// Owner of a request's key (placeholders allowed). Default: the
@@ -124,11 +129,12 @@ type Handler struct {
 	// With none, the rest of the route is the single provider.
 	Providers []*Provider `json:"providers,omitempty"`
 
-	// Cache puts a replay cache (Redis) in front of the ledger: completed
-	// answers are replayed from it, and completions are published so that
-	// waiters on every instance wake at once. The ledger stays the source
-	// of truth.
-	Cache *CacheConfig `json:"cache,omitempty"`
+	// Cache puts a replay cache in front of the ledger: a module of
+	// namespace idempotency.caches, named by its backend (redis).
+	// Completed answers are replayed from it, and completions are
+	// published so that waiters on every instance wake at once. The
+	// ledger stays the source of truth.
+	CacheRaw json.RawMessage `json:"cache,omitempty" caddy:"namespace=idempotency.caches inline_key=backend"`
 
 	// Contract is the operational contract of the route's output: every
 	// answer whose status it names is checked, and a breach is never a
@@ -141,8 +147,6 @@ type Handler struct {
 	Probe *ProbeConfig `json:"probe,omitempty"`
 
 	scope      string
-	ledger     LedgerModule
-	cache      *cacheHolder
 	mw         *proxy.Middleware
 	logger     *zap.Logger
 	unregister func()
@@ -164,23 +168,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.scope, err = claimScope(ctx, h.Scope); err != nil {
 		return err
 	}
-	if h.LedgerRaw == nil {
-		h.LedgerRaw = json.RawMessage(`{"backend":"file"}`)
-	}
-	mod, err := ctx.LoadModule(h, "LedgerRaw")
+	store, err := h.loadLedger(ctx)
 	if err != nil {
-		return fmt.Errorf("loading ledger: %w", err)
-	}
-	h.ledger = mod.(LedgerModule)
-	var (
-		led  ledger.Ledger = h.ledger.Ledger()
-		hold               = h.ledger.Hold
-	)
-	if h.Cache != nil {
-		if h.cache, err = openCache(ctx, h.Cache, h.ledger, []byte(h.OwnerSecret)); err != nil {
-			return err
-		}
-		led, hold = h.cache.c, h.cache.hold
+		return err
 	}
 
 	var providers []proxy.Provider
@@ -236,7 +226,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Eligible:           h.eligible,
 		Providers:          providers,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
-		Ledger:             led,
+		Ledger:             store.Ledger(),
 		KeyHeader:          h.KeyHeader,
 		Methods:            append([]string(nil), h.Methods...),
 		RequireKey:         h.RequireKey,
@@ -252,7 +242,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		OriginalURI:        originalURI,
 		IsConnectError:     isConnectError,
 		PrepareAttempt:     prepareAttempt,
-		Hold:               hold,
+		Hold:               store.Hold,
 		SetVar:             setVar,
 		Logger:             h.logger,
 	}
@@ -320,15 +310,39 @@ func (h *Handler) checkHeaderNames() error {
 	return nil
 }
 
+// loadLedger loads the ledger module and, when one is configured, the
+// cache module in front of it: what it returns is the handler's ledger.
+func (h *Handler) loadLedger(ctx caddy.Context) (LedgerModule, error) {
+	if h.LedgerRaw == nil {
+		h.LedgerRaw = json.RawMessage(`{"backend":"file"}`)
+	}
+	mod, err := ctx.LoadModule(h, "LedgerRaw")
+	if err != nil {
+		return nil, fmt.Errorf("loading ledger: %w", err)
+	}
+	truth, ok := mod.(LedgerModule)
+	if !ok {
+		return nil, fmt.Errorf("ledger module %T is not a LedgerModule", mod)
+	}
+	if h.CacheRaw == nil {
+		return truth, nil
+	}
+	if mod, err = ctx.LoadModule(h, "CacheRaw"); err != nil {
+		return nil, fmt.Errorf("loading cache: %w", err)
+	}
+	c, ok := mod.(CacheModule)
+	if !ok {
+		return nil, fmt.Errorf("cache module %T is not a CacheModule", mod)
+	}
+	return c.Front(truth, []byte(h.OwnerSecret))
+}
+
 // Cleanup takes the handler's providers off the admin API's list. The
-// ledger module releases its own hold; in-flight attempts hold their own
-// reference.
+// ledger and cache modules release their own holds; in-flight attempts
+// hold their own references.
 func (h *Handler) Cleanup() error {
 	if h.unregister != nil {
 		h.unregister()
-	}
-	if h.cache != nil {
-		h.cache.cleanup()
 	}
 	return nil
 }

@@ -47,8 +47,11 @@ type ProbeResult struct {
 // ProviderStatus is a provider as the admin API lists it. Probe is nil
 // while the provider has no probe result.
 type ProviderStatus struct {
+	// Scope is the scope of the handler that declares the provider.
 	Scope string
-	Name  string
+	// Name is the provider's name in its handler.
+	Name string
+	// Probe is the provider's latest probe result.
 	Probe *ProbeResult
 }
 
