@@ -388,7 +388,8 @@ type attemptHooks struct {
 	att       ledger.Attempt
 	provider  int
 	committed *final
-	breach    error // a contract breach seen before the answer ended
+	breach    error       // a contract breach seen before the answer ended
+	live      *liveStream // the answer streaming to the client, which duplicates may join
 }
 
 // headers records that an attempt's answer has headers, which stops
@@ -443,6 +444,10 @@ func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool)
 		}
 		h.committed = &out
 		if out.sent {
+			if out.won && !overflow { // recorded as it goes: duplicates may join
+				h.live = m.lives.open(h.att.JobID, c)
+				c.live = h.live
+			}
 			return rn.client, out.won, true
 		}
 		return nil, out.won, true
@@ -529,6 +534,10 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) result {
 	}
 
 	if hc := hooks.committed; hc != nil {
+		if hooks.live != nil {
+			hooks.live.end(cut)
+			defer m.lives.close(att.JobID) // once the ledger holds the body
+		}
 		if hc.won {
 			stored := c.recording && !c.truncated && !cut
 			var body []byte

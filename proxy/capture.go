@@ -26,6 +26,7 @@ type capture struct {
 	out       io.Writer // once committed: where the answer goes; nil drops it
 	recording bool      // once committed: still recording into buf
 	truncated bool      // a part of the answer was not recorded
+	live      *liveStream // joiners read buf: writes to it are made under its lock
 }
 
 // captureHooks connects a capture to its attempt.
@@ -65,6 +66,10 @@ func (c *capture) tryCommit(overflow bool) {
 	if !ok && !overflow {
 		return
 	}
+	if c.live != nil {
+		c.live.lock()
+		defer c.live.unlock()
+	}
 	c.committed, c.out, c.recording = true, out, record && !overflow
 	if out != nil && c.buf.Len() > 0 {
 		out.Write(c.buf.Bytes())
@@ -72,6 +77,9 @@ func (c *capture) tryCommit(overflow bool) {
 	if !c.recording {
 		c.buf = bytes.Buffer{}
 		c.truncated = true
+	}
+	if c.live != nil {
+		c.live.grew()
 	}
 }
 
@@ -90,11 +98,18 @@ func (c *capture) Write(p []byte) (int, error) {
 		c.out.Write(p)
 	}
 	if c.recording {
+		if c.live != nil {
+			c.live.lock()
+		}
 		if int64(c.buf.Len()+len(p)) > c.max {
 			c.recording, c.truncated = false, true
 			c.buf = bytes.Buffer{}
 		} else {
 			c.buf.Write(p)
+		}
+		if c.live != nil {
+			c.live.grew()
+			c.live.unlock()
 		}
 	}
 	return len(p), nil

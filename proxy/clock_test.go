@@ -74,8 +74,8 @@ func TestClockSkewRetryAfterUnknown(t *testing.T) {
 	}
 }
 
-// A retry that arrives while the winning answer still streams is told so,
-// not that the answer was never stored.
+// A retry that arrives while the winning answer still streams, and would
+// not wait, is told so, not that the answer was never stored.
 func TestClockSkewStillStreaming(t *testing.T) {
 	for _, offset := range []time.Duration{time.Minute, -time.Minute} {
 		t.Run(offset.String(), func(t *testing.T) {
@@ -89,7 +89,7 @@ func TestClockSkewStillStreaming(t *testing.T) {
 			body := bufio.NewReader(resp.Body)
 			readN(t, body, len("data: 1\n\n"))
 			recv(t, flushed, "the provider's flush")
-			retry := h.do(post("k", `{}`))
+			retry := h.do(withPrefer(post("k", `{}`), "wait=0"))
 			p := wantProblem(t, retry, http.StatusConflict, ProblemInFlight)
 			if p.Title != "Answer still streaming" {
 				t.Errorf("retry while streaming: %q", p.Title)

@@ -127,6 +127,10 @@ type Config struct {
 	Owner func(*http.Request) string
 	// OwnerSecret keys the HMAC of stored owner and key hashes.
 	OwnerSecret []byte
+	// StatusPath, when set, is the path under which GET <StatusPath>/<key>
+	// answers the state of the owner's job with that key (the key
+	// percent-encoded as one path segment); empty is off.
+	StatusPath string
 
 	// Fingerprint says how bodies are hashed; FingerprintHeaders are
 	// request headers that enter the fingerprint too.

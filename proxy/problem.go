@@ -22,6 +22,12 @@ const (
 	ProblemAllFailed         = "all-providers-failed"
 	ProblemNotStored         = "response-not-stored"
 	ProblemLedgerUnavailable = "ledger-unavailable"
+	// ProblemJobNotFound: status_path has no job of this owner under the
+	// key (404).
+	ProblemJobNotFound = "job-not-found"
+	// ProblemMethodNotAllowed: a method other than GET or HEAD on
+	// status_path (405).
+	ProblemMethodNotAllowed = "method-not-allowed"
 )
 
 // Problem is an RFC 9457 problem detail.

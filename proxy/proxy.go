@@ -24,6 +24,7 @@ type Middleware struct {
 	hasher Hasher
 
 	unsentQ unsentQueue
+	lives   liveStreams
 }
 
 // New returns a Middleware for cfg, with defaults filled in.
@@ -167,7 +168,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 			withDetail("This key was used for a different request.").withJob(jobID).Write(w)
 	case ledger.Done:
 		m.cfg.Observer.Request("replayed")
-		m.replay(w, r, res.Job, res.Now)
+		m.replay(w, r, res.Job, res.Now, m.wouldWait(r))
 	case ledger.InFlight:
 		wait, preferred := preferredWait(r.Header)
 		if preferred {
@@ -305,7 +306,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 		}
 		// Lost: another answer won, or the job was settled meanwhile.
 		if out.job != nil && out.job.Response != nil && out.job.State == ledger.JobCompleted {
-			m.replay(w, r, out.job, time.Time{}) // read just now
+			m.replay(w, r, out.job, time.Time{}, false) // read just now
 			return
 		}
 		problem(http.StatusConflict, ProblemOutcomeUnknown, "Result discarded").
@@ -364,12 +365,25 @@ func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replay
 	w.Write(a.Body)
 }
 
+// wouldWait reports whether a duplicate r of an in-flight job would wait
+// for its result rather than be answered 409 at once.
+func (m *Middleware) wouldWait(r *http.Request) bool {
+	if wait, ok := preferredWait(r.Header); ok {
+		return wait > 0 && m.cfg.MaxWait > 0
+	}
+	return !m.cfg.InFlightReject
+}
+
 // replay sends a completed job's stored answer, or 409 when it was not
 // stored. now is the ledger's clock when j was read; zero when j was read
-// just now.
-func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time) {
+// just now. With join, a duplicate that would wait joins the answer while
+// it still streams through this instance.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time, join bool) {
 	setExpires(w.Header(), j.ExpiresAt)
 	if j.Response != nil && !j.Response.Stored && j.Response.Size < 0 && (now.IsZero() || now.Sub(j.CompletedAt) < m.cfg.AttemptDeadline) {
+		if s := m.lives.get(j.ID); join && s != nil && m.join(w, r, j, s) {
+			return
+		}
 		// The answer won while it was still streaming to its first
 		// client; its body is not recorded yet.
 		problem(http.StatusConflict, ProblemInFlight, "Answer still streaming").
@@ -416,7 +430,7 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string, 
 			withJob(jobID).retry(time.Second).Write(w)
 	case j.State == ledger.JobCompleted:
 		m.cfg.Observer.Request("waited")
-		m.replay(w, r, j, j.ReadAt)
+		m.replay(w, r, j, j.ReadAt, true)
 	case j.State == ledger.JobFailed:
 		m.cfg.Observer.Request("waited")
 		setExpires(w.Header(), j.ExpiresAt)

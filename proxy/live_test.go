@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// steps streams one event per gate: it sends event i, flushes, signals
+// sent, and waits for gates[i] before the next; after the last gate it
+// ends, or breaks its connection when cut.
+func steps(events []string, gates []*gate, sent chan<- int, cut bool) upstreamFunc {
+	return func(w http.ResponseWriter, _ *http.Request, _ int) error {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for i, e := range events {
+			if _, err := io.WriteString(w, e); err != nil {
+				return err
+			}
+			w.(http.Flusher).Flush()
+			sent <- i
+			<-gates[i].ch
+		}
+		if cut {
+			panic(http.ErrAbortHandler)
+		}
+		return nil
+	}
+}
+
+// Three duplicates join a streamed answer at different moments: each gets
+// exactly the first client's bytes, in order, marked replayed.
+func TestDuplicatesJoinALiveStream(t *testing.T) {
+	events := []string{"data: 1\n\n", "data: 2\n\n", "data: 3\n\n"}
+	const whole = "data: 1\n\ndata: 2\n\ndata: 3\n\n"
+	gates := []*gate{newGate(t), newGate(t), newGate(t)}
+	sent := make(chan int, len(events))
+	h, p, _ := newProviders(t, Config{AttemptTimeout: patience}, steps(events, gates, sent, false), respond(http.StatusCreated, "fallback"))
+	srv := serveHarness(t, h, gates...)
+
+	first := postTo(t, srv, "k")
+	defer first.Body.Close()
+	id := first.Header.Get(HeaderJobID)
+	joined := make(chan string, len(events))
+	for i := range events {
+		recv(t, sent, "an event")
+		go func() {
+			resp := postTo(t, srv, "k")
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderReplayed) != "true" ||
+				resp.Header.Get(HeaderJobID) != id || resp.Header.Get("Content-Type") != "text/event-stream" || err != nil {
+				t.Errorf("joiner %d: %d %v, %v", i, resp.StatusCode, resp.Header, err)
+			}
+			joined <- string(body)
+		}()
+		// Let the joiner read what was sent so far before the next event.
+		if i < len(events)-1 {
+			readN(t, first.Body, len(events[i]))
+		}
+		gates[i].open()
+	}
+	rest, err := io.ReadAll(first.Body)
+	if err != nil || string(rest) != events[len(events)-1] {
+		t.Fatalf("first client's last event %q, %v", rest, err)
+	}
+	for range events {
+		if got := recv(t, joined, "a joiner's answer"); got != whole {
+			t.Errorf("a joiner got %q, want %q", got, whole)
+		}
+	}
+	h.waitRun()
+	wantJob(t, h.job(id), ledger.JobCompleted, "primary/succeeded")
+	if p.calls() != 1 {
+		t.Errorf("primary called %d times", p.calls())
+	}
+}
+
+// A stream cut short after a duplicate joined aborts the joiner's
+// connection after the same bytes: never a gateway error written into it.
+func TestJoinedStreamCutShort(t *testing.T) {
+	events := []string{"data: 1\n\n", "data: 2\n\n"}
+	gates := []*gate{newGate(t), newGate(t)}
+	sent := make(chan int, len(events))
+	h, _, _ := newProviders(t, Config{AttemptTimeout: patience}, steps(events, gates, sent, true), respond(http.StatusCreated, "fallback"))
+	srv := serveHarness(t, h, gates...)
+
+	first := postTo(t, srv, "k")
+	defer first.Body.Close()
+	recv(t, sent, "the first event")
+	joiner := postTo(t, srv, "k")
+	defer joiner.Body.Close()
+	jr := bufio.NewReader(joiner.Body)
+	if got := readN(t, jr, len(events[0])); got != events[0] || joiner.Header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("joiner's first event %q, headers %v", got, joiner.Header)
+	}
+	gates[0].open()
+	recv(t, sent, "the second event")
+	gates[1].open()
+	rest, err := io.ReadAll(jr)
+	if string(rest) != events[1] || err == nil || errors.Is(err, io.EOF) {
+		t.Errorf("joiner after the cut: %q, %v; want the second event, then a broken connection", rest, err)
+	}
+	h.waitRun()
+}
