@@ -23,9 +23,9 @@ type capture struct {
 	max       int64
 	hooks     captureHooks
 	committed bool
-	out       io.Writer // once committed: where the answer goes; nil drops it
-	recording bool      // once committed: still recording into buf
-	truncated bool      // a part of the answer was not recorded
+	out       io.Writer   // once committed: where the answer goes; nil drops it
+	recording bool        // once committed: still recording into buf
+	truncated bool        // a part of the answer was not recorded
 	live      *liveStream // joiners read buf: writes to it are made under its lock
 }
 
