@@ -168,7 +168,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 			withDetail("This key was used for a different request.").withJob(jobID).Write(w)
 	case ledger.Done:
 		m.cfg.Observer.Request("replayed")
-		m.replay(w, r, res.Job, res.Now, m.wouldWait(r))
+		m.replay(w, r, res.Job, res.Now, true)
 	case ledger.InFlight:
 		wait, preferred := preferredWait(r.Header)
 		if preferred {
@@ -381,7 +381,7 @@ func (m *Middleware) wouldWait(r *http.Request) bool {
 func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time, join bool) {
 	setExpires(w.Header(), j.ExpiresAt)
 	if j.Response != nil && !j.Response.Stored && j.Response.Size < 0 && (now.IsZero() || now.Sub(j.CompletedAt) < m.cfg.AttemptDeadline) {
-		if s := m.lives.get(j.ID); join && s != nil && m.join(w, r, j, s) {
+		if s := m.lives.get(j.ID); join && s != nil && m.wouldWait(r) && m.join(w, r, j, s) {
 			return
 		}
 		// The answer won while it was still streaming to its first
