@@ -1,5 +1,6 @@
 // Command caddy is Caddy with its standard modules and the onejob
-// idempotency gateway.
+// idempotency gateway, imported as a plugin (package onejob), as xcaddy
+// would build it.
 package main
 
 import (
@@ -7,7 +8,7 @@ import (
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	_ "github.com/onejob/onejob/caddymodule"
+	_ "github.com/onejob/onejob"
 )
 
 func main() {

@@ -1,0 +1,101 @@
+//go:build integration
+
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// pluginModules are the modules a Caddy with onejob has: the handler, the
+// admin endpoints, every ledger and the replay cache.
+var pluginModules = []string{
+	"admin.api.idempotency",
+	"http.handlers.idempotency",
+	"idempotency.caches.redis",
+	"idempotency.ledgers.file",
+	"idempotency.ledgers.memory",
+	"idempotency.ledgers.postgres",
+	"idempotency.ledgers.redis",
+}
+
+// xcaddyVersion is the xcaddy the plugin build is tested with.
+const xcaddyVersion = "v0.4.5"
+
+// onejobModules returns the modules of namespace idempotency, and those
+// named idempotency in another namespace, that `<bin> list-modules` lists.
+func onejobModules(t *testing.T, bin string) []string {
+	t.Helper()
+	out, err := exec.Command(bin, "list-modules").Output()
+	if err != nil {
+		t.Fatalf("%s list-modules: %v", bin, err)
+	}
+	var mods []string
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "idempotency.") || strings.HasSuffix(line, ".idempotency") {
+			mods = append(mods, line)
+		}
+	}
+	slices.Sort(mods)
+	return mods
+}
+
+// TestListModules: the Caddy that ./xcaddy.sh builds (./cmd/caddy, which
+// the harness built) lists the handler, the admin module, every ledger and
+// the cache.
+func TestListModules(t *testing.T) {
+	if got := onejobModules(t, binary); !slices.Equal(got, pluginModules) {
+		t.Errorf("list-modules shows %v, want %v", got, pluginModules)
+	}
+}
+
+// TestXcaddyBuild: `xcaddy build v2.11.9 --with github.com/onejob/onejob=.`
+// builds a Caddy with onejob as every Caddy plugin is built (the root
+// package registers the modules), from the module cache with the network
+// shut off for the build itself (GOPROXY=off), and that Caddy lists the
+// same modules as ./xcaddy.sh's. xcaddy itself is installed from the
+// module proxy into a temporary GOBIN.
+func TestXcaddyBuild(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	gobin := filepath.Join(tmp, "bin")
+	run := func(env []string, name string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+	}
+	run([]string{"GOBIN=" + gobin}, "go", "install", "github.com/caddyserver/xcaddy/cmd/xcaddy@"+xcaddyVersion)
+	// Every module the plugin needs is one of this module's: put them
+	// all in the module cache (a no-op when the harness's build did).
+	run(nil, "go", "mod", "download")
+
+	// xcaddy's temporary module pins Caddy and takes onejob from this
+	// checkout; with the proxy off, go resolves both, and everything they
+	// require, from the module cache alone. -mod=mod lets go write that
+	// module's go.sum from the cache, whose checksums the cache verified
+	// when it downloaded them, so the checksum database is not asked.
+	out := filepath.Join(tmp, "caddy")
+	offline := []string{
+		"GOPROXY=off",
+		"GOSUMDB=off",
+		"GOTOOLCHAIN=local",
+		"GOFLAGS=" + strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=mod"),
+	}
+	run(offline, filepath.Join(gobin, "xcaddy"), "build", "v2.11.9", "--with", "github.com/onejob/onejob=.", "--output", out)
+
+	if got, want := onejobModules(t, out), onejobModules(t, binary); !slices.Equal(got, pluginModules) || !slices.Equal(got, want) {
+		t.Errorf("the xcaddy build lists %v; ./cmd/caddy lists %v; want %v", got, want, pluginModules)
+	}
+}
