@@ -3,6 +3,11 @@
 # module (from ./cmd/caddy), then runs it with the given arguments, if any:
 #
 #   ./xcaddy.sh run --config Caddyfile.example
+#
+# Nothing to install but Go: ./cmd/caddy imports the plugin (the root
+# package) as xcaddy would. With xcaddy, the usual plugin build is
+#
+#   xcaddy build v2.11.9 --with github.com/onejob/onejob=.
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
