@@ -155,6 +155,8 @@ const (
 	Unknown
 )
 
+// String names the outcome: created, reopened, mismatch, done, in_flight
+// or unknown (the names ParseOutcome reads).
 func (o Outcome) String() string {
 	switch o {
 	case Created:
