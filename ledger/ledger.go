@@ -78,6 +78,15 @@ type Ledger interface {
 	// Job returns one job with its attempts, or ErrNotFound.
 	Job(ctx context.Context, jobID string) (*Job, error)
 
+	// Find returns the job of (owner, key) with its attempts, leases
+	// applied, as Job returns it (ReadAt set to the ledger's clock at the
+	// read), or ErrNotFound when there is none or it expired. The lookup
+	// is by owner and key together, as the uniqueness constraint names
+	// them: another owner's job with the same key costs the same work as
+	// no job and is equally not found. Like Job, it is a read: one round
+	// trip on the shared backends.
+	Find(ctx context.Context, ownerHash, keyHash []byte) (*Job, error)
+
 	// Jobs lists jobs newest first, one page at a time.
 	Jobs(ctx context.Context, q JobQuery) (JobPage, error)
 

@@ -465,6 +465,12 @@ func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
 	return l.truth.Job(ctx, jobID)
 }
 
+// Find implements ledger.Ledger from the truth: the cache holds replies
+// for replays, never a job's state.
+func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
+	return l.truth.Find(ctx, ownerHash, keyHash)
+}
+
 // Jobs implements ledger.Ledger from the truth.
 func (l *Ledger) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
 	return l.truth.Jobs(ctx, q)

@@ -439,6 +439,32 @@ func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
 	return j, err
 }
 
+// Find implements ledger.Ledger: the keys bucket, keyed by owner and key
+// together, names the job.
+func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
+	now := l.now()
+	var j *ledger.Job
+	err := l.db.View(func(tx *bolt.Tx) error {
+		t := wrap(tx)
+		id := t.keys.Get(identity(ownerHash, keyHash))
+		if id == nil {
+			return nil
+		}
+		var err error
+		j, err = t.load(string(id))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if j == nil || j.Expired(now) {
+		return nil, ledger.ErrNotFound
+	}
+	fsm.ApplyLeases(j, now)
+	j.ReadAt = now
+	return j, nil
+}
+
 // Wait implements ledger.Ledger.
 func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 	return ledger.WaitSettled(ctx, func() (*ledger.Job, time.Time, <-chan struct{}, error) {

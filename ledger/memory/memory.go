@@ -197,6 +197,23 @@ func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
 	return j, err
 }
 
+// Find implements ledger.Ledger.
+func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.byKey[identity(ownerHash, keyHash)]
+	if e == nil || e.job.Expired(now) {
+		return nil, ledger.ErrNotFound
+	}
+	if fsm.ApplyLeases(e.job, now) > 0 {
+		e.notify()
+	}
+	j := e.job.Clone()
+	j.ReadAt = now
+	return j, nil
+}
+
 // Jobs implements ledger.Ledger.
 func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
 	limit := ledger.EffectiveLimit(q.Limit)

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -25,7 +26,8 @@ const effectiveState = `CASE WHEN state = 'pending' AND completed_by IS NULL
 
 const attemptColumns = `id, job_id, number, provider, state, job_version, started_at, deadline, finished_at, coalesce(error, '')`
 
-func scanJob(row pgx.Row) (*ledger.Job, time.Time, error) {
+// scanJob reads the jobColumns of a row, then extra columns into extra.
+func scanJob(row pgx.Row, extra ...any) (*ledger.Job, time.Time, error) {
 	var (
 		j                      ledger.Job
 		state                  string
@@ -39,6 +41,7 @@ func scanJob(row pgx.Row) (*ledger.Job, time.Time, error) {
 		&completedBy, &retention, &j.CreatedAt, &completedAt, &expiresAt}
 	dest = append(dest, cols.dest()...)
 	dest = append(dest, &now)
+	dest = append(dest, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, now, err
 	}
@@ -103,6 +106,64 @@ func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
 		j.ReadAt = now
 	}
 	return j, err
+}
+
+// attemptsJSON is the job's attempts as one JSON array, oldest first,
+// times in microseconds since the epoch: Find reads them in the job's row.
+const attemptsJSON = `(SELECT coalesce(json_agg(json_build_object(
+		'id', a.id, 'number', a.number, 'provider', a.provider, 'state', a.state,
+		'job_version', a.job_version, 'started_at', (extract(epoch FROM a.started_at) * 1000000)::int8,
+		'deadline', (extract(epoch FROM a.deadline) * 1000000)::int8,
+		'finished_at', (extract(epoch FROM a.finished_at) * 1000000)::int8, 'error', coalesce(a.error, ''))
+	ORDER BY a.number), '[]') FROM attempts a WHERE a.job_id = jobs.id)`
+
+// attemptJSON is one element of attemptsJSON.
+type attemptJSON struct {
+	ID         string `json:"id"`
+	Number     int    `json:"number"`
+	Provider   string `json:"provider"`
+	State      string `json:"state"`
+	JobVersion int64  `json:"job_version"`
+	StartedAt  int64  `json:"started_at"`
+	Deadline   int64  `json:"deadline"`
+	FinishedAt *int64 `json:"finished_at"`
+	Error      string `json:"error"`
+}
+
+// Find implements ledger.Ledger: one statement, by the unique (owner_hash,
+// key_hash), reads the job, its attempts and the server's clock from one
+// snapshot, so the attempts are the job's even while a reservation
+// replaces an expired job in place; leases are applied in Go by that clock.
+func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
+	var raw []byte
+	j, now, err := scanJob(l.pool.QueryRow(ctx, fmt.Sprintf(`SELECT `+jobColumns+`, `+attemptsJSON+` FROM jobs
+		WHERE owner_hash = $1 AND key_hash = $2 AND (expires_at IS NULL OR expires_at > clock_timestamp())`,
+		"response_body"), ownerHash, keyHash), &raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ledger.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("postgres ledger: find: %w", err)
+	}
+	var attempts []attemptJSON
+	if err := json.Unmarshal(raw, &attempts); err != nil {
+		return nil, fmt.Errorf("postgres ledger: find: attempts: %w", err)
+	}
+	j.Attempts = make([]ledger.Attempt, len(attempts))
+	for i, a := range attempts {
+		j.Attempts[i] = ledger.Attempt{
+			ID: a.ID, JobID: j.ID, Number: a.Number, Provider: a.Provider,
+			State: ledger.AttemptState(a.State), JobVersion: a.JobVersion,
+			StartedAt: time.UnixMicro(a.StartedAt), Deadline: time.UnixMicro(a.Deadline),
+			Error: a.Error,
+		}
+		if a.FinishedAt != nil {
+			j.Attempts[i].FinishedAt = time.UnixMicro(*a.FinishedAt)
+		}
+	}
+	fsm.ApplyLeases(j, now)
+	j.ReadAt = now
+	return j, nil
 }
 
 // Jobs implements ledger.Ledger. Listed jobs carry their attempts and

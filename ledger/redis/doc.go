@@ -55,16 +55,16 @@
 //
 // Leases: a starting attempt whose deadline passed reads as unknown at once.
 // Transition scripts record it so before they decide (fsm.ApplyLeases);
-// reads (Job, Jobs, Wait) apply it in Go with the server's time read in the
-// same MULTI; Sweep records it for jobs nobody touches.
+// reads (Job, Jobs, Wait, Find) apply it in Go with the server's time read
+// in the same MULTI or script; Sweep records it for jobs nobody touches.
 //
 // # Deployment limits
 //
 // The ledger needs a single Redis server, version 5 or newer (tested with
 // 7.0), optionally with replicas: not Redis Cluster. Scripts name the keys they touch in KEYS,
-// computed in Go, except reserve, which must follow the identity key to the
-// job it names (j: and a: of that job id) to answer a retry in one round
-// trip. Redis runs such scripts on one server, but a cluster would reject
+// computed in Go, except reserve and find (the read of a job by owner and
+// key), which must follow the identity key to the job it names (j: and a:
+// of that job id) to answer in one round trip. Redis runs such scripts on one server, but a cluster would reject
 // them.
 //
 // The promise of no duplicate execution is only as strong as the server's

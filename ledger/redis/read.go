@@ -59,6 +59,35 @@ func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
 	return j, err
 }
 
+// Find implements ledger.Ledger: one script (find.lua) follows the
+// identity key of (owner, key) to the job it names and returns the job,
+// its attempts and the server's clock from one snapshot; expiry and leases
+// are judged in Go by that clock, as load does.
+func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
+	v, err := scripts.find.Run(ctx, l.client, []string{l.identKey(identity(ownerHash, keyHash))}, l.prefix).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis ledger: find: %w", err)
+	}
+	a, ok := array(v)
+	if !ok || len(a) == 0 {
+		return nil, errReply("find", v)
+	}
+	now := nowOf(a, 0)
+	if len(a) < 3 {
+		return nil, ledger.ErrNotFound
+	}
+	j, err := scriptJob("find", a[1], a[2])
+	if err != nil {
+		return nil, err
+	}
+	if j.Expired(now) {
+		return nil, ledger.ErrNotFound
+	}
+	fsm.ApplyLeases(j, now)
+	j.ReadAt = now
+	return j, nil
+}
+
 // Jobs implements ledger.Ledger: it walks the index newest first, reading
 // batches of jobs (their fields, not their bodies, and their attempts) with
 // the server's clock in one MULTI each, and keeps the unexpired jobs that

@@ -32,9 +32,10 @@ type script struct {
 	src string
 }
 
-// scriptSet holds the transition scripts, each lib.lua plus its own file.
+// scriptSet holds the transition scripts and find (a read), each lib.lua
+// plus its own file.
 type scriptSet struct {
-	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resolve, sweepScan, sweep script
+	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resolve, sweepScan, sweep, find script
 }
 
 var scripts = buildScripts()
@@ -69,6 +70,7 @@ func buildScripts() scriptSet {
 		resolve:     mk("resolve.lua"),
 		sweepScan:   mk("sweep_scan.lua"),
 		sweep:       mk("sweep.lua"),
+		find:        mk("find.lua"),
 	}
 }
 
@@ -81,7 +83,7 @@ func read(name string) string {
 }
 
 func (s scriptSet) all() []script {
-	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resolve, s.sweepScan, s.sweep}
+	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resolve, s.sweepScan, s.sweep, s.find}
 }
 
 // preload loads every script into the server's script cache in one round
