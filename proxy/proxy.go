@@ -69,6 +69,9 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 // ServeHTTP runs the flow for one request; requests that are not ledgered
 // go to next untouched.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Handler) error {
+	if m.serveStatus(w, r) {
+		return nil
+	}
 	if !slices.Contains(m.cfg.Methods, r.Method) {
 		return next.ServeHTTP(w, r)
 	}

@@ -150,18 +150,13 @@ func TestFunctionsBesideOldOnes(t *testing.T) {
 // waitListening returns once the ledger's listener is connected.
 func waitListening(t *testing.T, l *Ledger) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-l.listen.waiters.Ready():
-			return
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the listener did not connect")
-		}
-		time.Sleep(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, unsubscribe, err := l.listen.Subscribe(ctx, "")
+	if err != nil {
+		t.Fatalf("the listener did not connect: %v", err)
 	}
+	unsubscribe()
 }
 
 // TestFunctionsApplied: the functions are created once per version; a
