@@ -95,7 +95,7 @@ func TestConformance(t *testing.T) { conformance(t, Options{}, false) }
 // that expiry and replacement are judged by the cache too.
 func TestConformanceTightMargin(t *testing.T) {
 	// Not tighter than miniredis's clock, which ticking moves in steps.
-	conformance(t, Options{Margin: 100 * time.Millisecond}, false)
+	conformance(t, Options{Margin: 250 * time.Millisecond}, false)
 }
 
 // TestConformanceRedisDown runs the suite with Redis gone: every call is
