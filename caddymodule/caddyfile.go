@@ -41,12 +41,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		require_key
 //		fingerprint raw | json | graphql
 //		fingerprint_headers <name...>
+//		status_path <path>
 //		max_request_body <size>
 //		max_response_body <size>
 //		retention <duration>
 //		attempt_timeout <duration>
 //		attempt_deadline <duration>
 //		in_flight wait [<duration>] | reject
+//		max_wait <duration>
 //		failover_on <status|connect_error|contract...>
 //		hedge_after <duration>
 //		contract {
@@ -162,6 +164,14 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		h.AttemptDeadline, err = duration(d, args)
 	case "in_flight":
 		err = h.parseInFlight(d, args)
+	case "max_wait":
+		h.MaxWait, err = duration(d, args) // refuses 0 and negative: checkMaxWait's rule and more
+	case "status_path":
+		if h.StatusPath, err = one(d, args); err == nil {
+			if perr := checkStatusPath(h.StatusPath); perr != nil {
+				return d.Err(perr.Error())
+			}
+		}
 	case "hedge_after":
 		h.HedgeAfter, err = duration(d, args)
 	case "contract":

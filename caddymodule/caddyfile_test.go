@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -72,6 +73,17 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"require_key arg", "idempotency {\n\trequire_key yes\n}", "wrong argument count"},
 		{"methods empty", "idempotency {\n\tmethods\n}", "wrong argument count"},
 		{"key_header not a name", "idempotency {\n\tkey_header \"Idempotency Key\"\n}", `invalid header name "Idempotency Key", at Testfile:2`},
+		{"max_wait zero", "idempotency {\n\tmax_wait 0s\n}", `invalid duration "0s", at Testfile:2`},
+		{"max_wait negative", "idempotency {\n\tmax_wait -5s\n}", `invalid duration "-5s", at Testfile:2`},
+		{"max_wait not a duration", "idempotency {\n\tmax_wait long\n}", `invalid duration "long", at Testfile:2`},
+		{"max_wait missing", "idempotency {\n\tmax_wait\n}", "wrong argument count"},
+		{"max_wait two args", "idempotency {\n\tmax_wait 1s 2s\n}", "wrong argument count"},
+		{"status_path relative", "idempotency {\n\tstatus_path jobs\n}", `status_path must be a path starting with / other than /, not "jobs", at Testfile:2`},
+		{"status_path root", "idempotency {\n\n\tstatus_path /\n}", `not "/", at Testfile:3`},
+		{"status_path slashes", "idempotency {\n\tstatus_path //\n}", `not "//", at Testfile:2`},
+		{"status_path empty", "idempotency {\n\tstatus_path \"\"\n}", `not "", at Testfile:2`},
+		{"status_path missing", "idempotency {\n\tstatus_path\n}", "wrong argument count"},
+		{"status_path two args", "idempotency {\n\tstatus_path /a /b\n}", "wrong argument count"},
 		{"fingerprint_headers not a name", "idempotency {\n\tfingerprint_headers X-A X:B\n}", `invalid header name "X:B", at Testfile:2`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,6 +96,57 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 				t.Errorf("error %q does not contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestUnmarshalMaxWaitStatusPath: the values max_wait and status_path
+// take, and their JSON.
+func TestUnmarshalMaxWaitStatusPath(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"max_wait 5s", `{"max_wait":5000000000}`},
+		{"max_wait 2m", `{"max_wait":120000000000}`},
+		{"max_wait 1d", `{"max_wait":86400000000000}`},
+		{"status_path /jobs", `{"status_path":"/jobs"}`},
+		{"status_path /jobs/", `{"status_path":"/jobs/"}`},
+		{"status_path /api/v1/idempotency", `{"status_path":"/api/v1/idempotency"}`},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			var h Handler
+			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\t" + tc.in + "\n}")); err != nil {
+				t.Fatal(err)
+			}
+			got, err := json.Marshal(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.want {
+				t.Errorf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestMaxWaitStatusPathRules: the JSON rules Provision applies (0 is the
+// default, negative an error; "" is off).
+func TestMaxWaitStatusPathRules(t *testing.T) {
+	if err := checkMaxWait(0); err != nil {
+		t.Errorf("max_wait 0: %v", err)
+	}
+	if err := checkMaxWait(time.Second); err != nil {
+		t.Errorf("max_wait 1s: %v", err)
+	}
+	if err := checkMaxWait(-time.Second); err == nil {
+		t.Error("max_wait -1s: no error")
+	}
+	for _, p := range []string{"/jobs", "/a/b", "/jobs/"} {
+		if err := checkStatusPath(p); err != nil {
+			t.Errorf("status_path %q: %v", p, err)
+		}
+	}
+	for _, p := range []string{"", "/", "//", "jobs", "jobs/"} {
+		if err := checkStatusPath(p); err == nil {
+			t.Errorf("status_path %q: no error", p)
+		}
 	}
 }
 

@@ -85,6 +85,14 @@ type Handler struct {
 	// FingerprintHeaders are request headers that enter the fingerprint.
 	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
 
+	// StatusPath, when set, answers GET <StatusPath>/<key> (the key
+	// percent-encoded as one path segment) with the state of the owner's
+	// job as JSON (job_id, state, created_at, completed_at, expires_at,
+	// attempts, retry_after), or 404 job-not-found; another owner's job is
+	// indistinguishable from none. It starts with "/" and is not "/"
+	// alone. Off unless set.
+	StatusPath string `json:"status_path,omitempty"`
+
 	// MaxRequestBody is the largest request body, in bytes, that is
 	// ledgered; larger ones get 413. Default 1 MiB.
 	MaxRequestBody int64 `json:"max_request_body,omitempty"`
@@ -113,6 +121,12 @@ type Handler struct {
 
 	// InFlightWait bounds a duplicate's wait. Default AttemptTimeout.
 	InFlightWait caddy.Duration `json:"in_flight_wait,omitempty"`
+
+	// MaxWait caps the wait a client asks for with Prefer: wait=N (RFC
+	// 7240), which applies to a duplicate of a running job whatever
+	// InFlight says. 0 means the default, AttemptDeadline; negative is an
+	// error.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 
 	// FailoverOn names the answers that show a provider did not act on a
 	// request: status codes, connect_error and contract. Default
@@ -238,6 +252,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		AttemptTimeout:     time.Duration(h.AttemptTimeout),
 		AttemptDeadline:    time.Duration(h.AttemptDeadline),
 		InFlightWait:       time.Duration(h.InFlightWait),
+		MaxWait:            time.Duration(h.MaxWait),
+		StatusPath:         h.StatusPath,
 		Owner:              h.owner,
 		OriginalURI:        originalURI,
 		IsConnectError:     isConnectError,
@@ -251,6 +267,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if cfg.InFlightReject, err = inFlightReject(h.InFlight); err != nil {
 		return err
+	}
+	if err := checkMaxWait(time.Duration(h.MaxWait)); err != nil {
+		return err
+	}
+	if h.StatusPath != "" {
+		if err := checkStatusPath(h.StatusPath); err != nil {
+			return err
+		}
 	}
 	if len(h.FailoverOn) > 0 {
 		if cfg.FailoverOn, err = proxy.ParseFailoverOn(h.FailoverOn); err != nil {
@@ -292,6 +316,26 @@ func inFlightReject(mode string) (bool, error) {
 		return false, fmt.Errorf("in_flight must be wait or reject, not %q", mode)
 	}
 	return mode == "reject", nil
+}
+
+// checkMaxWait is the rule of max_wait, in JSON and in a Caddyfile (where
+// the duration parser also refuses 0): a cap on Prefer: wait is positive;
+// 0 in JSON means the default, attempt_deadline.
+func checkMaxWait(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("max_wait must be positive, not %v", d)
+	}
+	return nil
+}
+
+// checkStatusPath is the rule of status_path, in JSON and in a Caddyfile:
+// a path that starts with "/" and is not "/" alone (which would take
+// every GET of the site). In JSON, "" is off.
+func checkStatusPath(p string) error {
+	if p == "" || p[0] != '/' || strings.Trim(p, "/") == "" {
+		return fmt.Errorf("status_path must be a path starting with / other than /, not %q", p)
+	}
+	return nil
 }
 
 // checkHeaderNames refuses a key_header or fingerprint_headers entry that
