@@ -10,28 +10,42 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . integration/services.sh
 
+# Each stage says how long the one before it took, and the whole run ends
+# with its total.
+started=$SECONDS
+stage_start=$SECONDS
+stage() {
+	if [ -n "${stage_name:-}" ]; then
+		log "$stage_name took $((SECONDS - stage_start)) s"
+	fi
+	stage_name=$1
+	stage_start=$SECONDS
+	log "$1"
+}
+
 # --- tests -------------------------------------------------------------------
 
-log "gofmt"
+stage "gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 [ -z "$unformatted" ] || { echo "not gofmt'ed: $unformatted" >&2; exit 1; }
 
-log "go vet"
+stage "go vet"
 go vet ./...
 go vet -tags integration ./...
 
-log "unit tests (go test -race ./...)"
+stage "unit tests (go test -race ./...)"
 go test -race -count=1 ./...
 
-log "integration tests (PostgreSQL, Redis, the built binary)"
+stage "integration tests (PostgreSQL, Redis, the built binary)"
 set +e
 go test -race -count=1 -tags integration -v "$@" ./... 2>&1 | tee "$WORK/integration.log" |
 	grep --line-buffered -E '^\s*(--- (PASS|FAIL|SKIP)|FAIL|ok |panic:)'
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then
-	log "integration tests failed; the end of their output:"
-	grep -v -E '^\s*=== (RUN|PAUSE|CONT)' "$WORK/integration.log" | tail -n 300 >&2
+	log "integration tests failed; each failure with what it said, then the end of their output:"
+	grep -A 25 -E '^\s*--- FAIL' "$WORK/integration.log" | grep -v -E '^\s*(=== (RUN|PAUSE|CONT)|--- PASS)' >&2 || true
+	grep -v -E '^\s*=== (RUN|PAUSE|CONT)' "$WORK/integration.log" | tail -n 100 >&2
 	exit "$status"
 fi
 if grep -q -- '--- SKIP' "$WORK/integration.log"; then
@@ -43,8 +57,10 @@ passed=$(grep -c -- '--- PASS' "$WORK/integration.log" || true)
 failed=$(grep -c -- '--- FAIL' "$WORK/integration.log" || true)
 echo "integration: $passed passed, $failed failed"
 
-log "fuzzing (every target briefly, from its checked-in corpus)"
+stage "fuzzing (every target briefly, from its checked-in corpus)"
 ./integration/fuzz.sh "${FUZZTIME:-10s}"
 
-log "chaos soak, short (its own PostgreSQL and Redis, restarted mid-run)"
+stage "chaos soak, short (its own PostgreSQL and Redis, restarted mid-run)"
 ./integration/chaos/run.sh --short
+stage done
+log "all tests passed in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
