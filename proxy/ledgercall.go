@@ -38,15 +38,22 @@ func answered(err error) bool {
 }
 
 // ledgerCall runs one ledger transition, repeating it while no answer
-// comes, and records its duration and its repeats.
+// comes, within ledgerTimeout of its start (ctx carries no deadline of its
+// own: each try gets one, the only timer a call needs), and records its
+// duration and its repeats.
 func ledgerCall[T any](m *Middleware, ctx context.Context, op string, call func(context.Context) (T, error)) (T, error) {
 	start := time.Now()
 	defer func() { m.cfg.Observer.LedgerOp(op, time.Since(start)) }()
+	end := start.Add(ledgerTimeout)
 	for try := 1; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, ledgerTryTimeout)
+		deadline := time.Now().Add(ledgerTryTimeout)
+		if deadline.After(end) {
+			deadline = end
+		}
+		tctx, cancel := context.WithDeadline(ctx, deadline)
 		v, err := call(tctx)
 		cancel()
-		if answered(err) || ctx.Err() != nil || try == ledgerTries {
+		if answered(err) || ctx.Err() != nil || try == ledgerTries || !time.Now().Before(end) {
 			return v, err
 		}
 		m.cfg.Observer.LedgerRepeat(op)
@@ -60,12 +67,6 @@ func ledgerCall[T any](m *Middleware, ctx context.Context, op string, call func(
 			return v, err
 		}
 	}
-}
-
-// detachedCtx bounds a ledger call made for an attempt, detached from the
-// client.
-func detachedCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), ledgerTimeout)
 }
 
 // Never-sent attempts (SPEC section 1, rule 7): an attempt the gateway
@@ -157,8 +158,7 @@ func (m *Middleware) recordUnsent(release func()) {
 // recordOne records one never-sent attempt; false means the ledger did not
 // answer, and it is tried again later.
 func (m *Middleware) recordOne(w unsentWork) bool {
-	ctx, cancel := detachedCtx()
-	defer cancel()
+	ctx := context.Background()
 	ref := w.ref
 	if p := w.reserve; p != nil {
 		// Repeating the reservation answers where it stands: the job and

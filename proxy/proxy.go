@@ -136,11 +136,9 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	// A ledger that does not answer is a ledger that cannot reserve: the
 	// wait is bounded, like every ledger call of an attempt, and ends in a
 	// 503 rather than holding the client (and a goroutine) indefinitely.
-	rctx, cancel := context.WithTimeout(r.Context(), ledgerTimeout)
-	res, err := ledgerCall(m, rctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) {
+	res, err := ledgerCall(m, r.Context(), "reserve", func(ctx context.Context) (ledger.Reservation, error) {
 		return m.cfg.Ledger.Reserve(ctx, params)
 	})
-	cancel()
 	if err == nil && (res.Outcome == ledger.Created || res.Outcome == ledger.Reopened) && !sendable(res) {
 		// A repeat that came too late: the attempt's lease ran out before
 		// the gateway could send it.
@@ -487,8 +485,7 @@ func (m *Middleware) unknown(w http.ResponseWriter, jobID string, a *ledger.Atte
 // Ledger calls made for an attempt, detached from the client.
 
 func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.Completion, error) {
-	ctx, cancel := detachedCtx()
-	defer cancel()
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	return ledgerCall(m, ctx, "complete", func(ctx context.Context) (ledger.Completion, error) {
 		return m.cfg.Ledger.Complete(ctx, att.Ref(), resp)
 	})
@@ -498,8 +495,7 @@ func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.
 // the ledger does not answer, next may exist there but is never sent: it
 // is recorded so once the ledger answers.
 func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
-	ctx, cancel := detachedCtx()
-	defer cancel()
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
 		return m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
 	})
@@ -517,8 +513,7 @@ func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAt
 // hedge starts next beside the attempt ref; like fail, a next attempt
 // whose start the ledger did not confirm is recorded never sent.
 func (m *Middleware) hedge(ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
-	ctx, cancel := detachedCtx()
-	defer cancel()
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	a, err := ledgerCall(m, ctx, "hedge", func(ctx context.Context) (ledger.Attempt, error) {
 		return m.cfg.Ledger.Hedge(ctx, ref, next)
 	})
@@ -529,8 +524,7 @@ func (m *Middleware) hedge(ref ledger.AttemptRef, next ledger.NextAttempt) (ledg
 }
 
 func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
-	ctx, cancel := detachedCtx()
-	defer cancel()
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	_, err := ledgerCall(m, ctx, "mark_unknown", func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, m.cfg.Ledger.MarkUnknown(ctx, att.Ref(), reason)
 	})
@@ -546,8 +540,7 @@ func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
 }
 
 func (m *Middleware) saveBody(att ledger.Attempt, body []byte, size int64, stored bool) error {
-	ctx, cancel := detachedCtx()
-	defer cancel()
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	_, err := ledgerCall(m, ctx, "save_body", func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, m.cfg.Ledger.SaveBody(ctx, att.Ref(), body, size, stored)
 	})

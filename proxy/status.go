@@ -87,11 +87,9 @@ func (m *Middleware) serveStatus(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	ownerHash, keyHash := m.hasher.Owner(owner), m.hasher.Key(key)
-	ctx, cancel := context.WithTimeout(r.Context(), ledgerTimeout)
-	j, err := ledgerCall(m, ctx, "find", func(ctx context.Context) (*ledger.Job, error) {
+	j, err := ledgerCall(m, r.Context(), "find", func(ctx context.Context) (*ledger.Job, error) {
 		return m.cfg.Ledger.Find(ctx, ownerHash, keyHash)
 	})
-	cancel()
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		// The same answer whether no job, an expired one or another
