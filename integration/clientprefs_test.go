@@ -22,32 +22,7 @@ import (
 // doWith is gateway.do with extra request headers.
 func (g *gateway) doWith(t *testing.T, method, path, key, auth, body string, extra http.Header) response {
 	t.Helper()
-	req, err := http.NewRequest(method, g.url+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	if auth != "" {
-		req.Header.Set("Authorization", auth)
-	}
-	if method != http.MethodGet {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, v := range extra {
-		req.Header[k] = v
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return response{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	return g.request(t, context.Background(), method, path, key, auth, body, extra)
 }
 
 func prefer(v string) http.Header { return http.Header{"Prefer": {v}} }

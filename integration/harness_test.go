@@ -265,6 +265,12 @@ func (g *gateway) post(t *testing.T, path, key, auth, body string) response {
 
 func (g *gateway) do(t *testing.T, ctx context.Context, method, path, key, auth, body string) response {
 	t.Helper()
+	return g.request(t, ctx, method, path, key, auth, body, nil)
+}
+
+// request is do with extra request headers; a GET carries no Content-Type.
+func (g *gateway) request(t *testing.T, ctx context.Context, method, path, key, auth, body string, extra http.Header) response {
+	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, method, g.url+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +281,12 @@ func (g *gateway) do(t *testing.T, ctx context.Context, method, path, key, auth,
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if method != http.MethodGet {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range extra {
+		req.Header[k] = v
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)

@@ -23,7 +23,6 @@ type liveStream struct {
 	more    chan struct{} // closed and replaced when bytes arrive or the stream ends
 	ended   bool
 	cut     bool // it ended early, or stopped being recorded
-	joiners int
 }
 
 // liveStreams are the answers streaming through this instance, by job id.

@@ -23,8 +23,9 @@ type Middleware struct {
 	fp     fingerprinter
 	hasher Hasher
 
-	unsentQ unsentQueue
-	lives   liveStreams
+	unsentQ    unsentQueue
+	lives      liveStreams
+	statusBase string // the escaped "<StatusPath>/", derived once
 }
 
 // New returns a Middleware for cfg, with defaults filled in.
@@ -44,8 +45,9 @@ func New(cfg Config) (*Middleware, error) {
 			HedgeAfter: cfg.HedgeAfter,
 			Eligible:   cfg.Eligible,
 		},
-		fp:     fingerprinter{mode: cfg.Fingerprint, headers: cfg.FingerprintHeaders},
-		hasher: NewHasher(cfg.OwnerSecret),
+		fp:         fingerprinter{mode: cfg.Fingerprint, headers: cfg.FingerprintHeaders},
+		hasher:     NewHasher(cfg.OwnerSecret),
+		statusBase: statusBase(cfg.StatusPath),
 	}, nil
 }
 

@@ -41,13 +41,22 @@ type JobStatus struct {
 	RetryAfter *int64 `json:"retry_after"`
 }
 
+// statusBase is the escaped form of "<path>/", the prefix of every status
+// request; "" when path is "" (no status path).
+func statusBase(path string) string {
+	if path == "" {
+		return ""
+	}
+	return strings.TrimSuffix((&url.URL{Path: path}).EscapedPath(), "/") + "/"
+}
+
 // statusKeySegment returns the escaped path after "<StatusPath>/" and
 // whether r is addressed to the status path at all.
 func (m *Middleware) statusKeySegment(r *http.Request) (string, bool) {
-	if m.cfg.StatusPath == "" {
+	base := m.statusBase
+	if base == "" {
 		return "", false
 	}
-	base := strings.TrimSuffix((&url.URL{Path: m.cfg.StatusPath}).EscapedPath(), "/") + "/"
 	p := r.URL.EscapedPath()
 	if !strings.HasPrefix(p, base) {
 		return "", false
