@@ -19,10 +19,10 @@ import (
 type liveStream struct {
 	c *capture // its recording; c.buf and c.recording are read under mu
 
-	mu      sync.Mutex
-	more    chan struct{} // closed and replaced when bytes arrive or the stream ends
-	ended   bool
-	cut     bool // it ended early, or stopped being recorded
+	mu    sync.Mutex
+	more  chan struct{} // closed and replaced when bytes arrive or the stream ends
+	ended bool
+	cut   bool // it ended early, or stopped being recorded
 }
 
 // liveStreams are the answers streaming through this instance, by job id.
