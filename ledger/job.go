@@ -54,6 +54,7 @@ type Job struct {
 	KeyHash            []byte
 	Fingerprint        []byte
 	FingerprintVersion int
+	FingerprintScheme  string // see ReserveParams
 	State              JobState
 	// Version counts completions, resolutions and re-opens: the result slot
 	// is taken by CAS on it.

@@ -6,6 +6,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -113,9 +114,13 @@ type ReserveParams struct {
 	OwnerHash []byte
 	KeyHash   []byte
 	// Fingerprint is the hash of the request; FingerprintVersion the
-	// version of its encoding.
+	// version of its encoding and FingerprintScheme what it covered (the
+	// gateway's own text: body mode, headers, selected members), kept so a
+	// retry can be fingerprinted as its job was. Two requests are the same
+	// when their versions and hashes are equal.
 	Fingerprint        []byte
 	FingerprintVersion int
+	FingerprintScheme  string
 	// Retention is how long the job is kept once it completed or failed.
 	Retention time.Duration
 	// Attempt is the attempt to start when the job is created or re-opened.
@@ -127,6 +132,33 @@ type ReserveParams struct {
 func (p ReserveParams) WithNewIDs() ReserveParams {
 	p.JobID, p.Attempt.ID = NewID(), NewID()
 	return p
+}
+
+// Matches reports whether job j was reserved by the request p describes:
+// the same fingerprint version and hash. The scheme only says how the hash
+// was made.
+func (p *ReserveParams) Matches(j *Job) bool {
+	return j.FingerprintVersion == p.FingerprintVersion && bytes.Equal(j.Fingerprint, p.Fingerprint)
+}
+
+// Identify gives j the identity of the request p describes: owner, key and
+// fingerprint.
+func (p *ReserveParams) Identify(j *Job) {
+	j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
+	j.Fingerprint, j.FingerprintVersion, j.FingerprintScheme = p.Fingerprint, p.FingerprintVersion, p.FingerprintScheme
+}
+
+// Mismatched is the reservation of a request whose key job j holds for
+// another request: the job's id, state and creation, and how its
+// fingerprint was made (so the caller can fingerprint the request the
+// same way and ask again), never its answer.
+func Mismatched(j *Job, now time.Time) Reservation {
+	return Reservation{
+		Outcome: Mismatch,
+		Job: &Job{ID: j.ID, State: j.State, CreatedAt: j.CreatedAt,
+			FingerprintVersion: j.FingerprintVersion, FingerprintScheme: j.FingerprintScheme},
+		Now: now,
+	}
 }
 
 // NewAttempt returns the next attempt to start on provider, with a new id.

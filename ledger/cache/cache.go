@@ -240,8 +240,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 			// The request's identity is the job's: Done means the
 			// fingerprint matched.
 			j := *r.Job
-			j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
-			j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
+			p.Identify(&j)
 			l.write(ctx, update{set: &j, left: j.ExpiresAt.Sub(r.Now)})
 		}
 	case ledger.Created, ledger.Reopened:
@@ -350,8 +349,7 @@ func (l *Ledger) identified(ctx context.Context, jobID string, j *ledger.Job) (*
 	if id, ok := l.memo.take(jobID); ok {
 		c := *j
 		c.ID = jobID
-		c.OwnerHash, c.KeyHash = id.ownerHash, id.keyHash
-		c.Fingerprint, c.FingerprintVersion = id.fingerprint, id.fingerprintVersion
+		id.request.Identify(&c)
 		c.Retention, c.CreatedAt = id.retention, id.createdAt
 		return &c, true
 	}

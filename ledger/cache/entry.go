@@ -15,7 +15,8 @@ import (
 
 // entryFormat is the first byte of every cache value. A value with another
 // first byte (an older or newer gateway's, or anything else) is a miss.
-const entryFormat byte = 1
+// Format 2 added the fingerprint's scheme.
+const entryFormat byte = 2
 
 // sumSize is the length of the integrity check that follows the format byte.
 const sumSize = sha256.Size
@@ -41,14 +42,15 @@ func newMAC(secret []byte) func() hash.Hash {
 //
 //	format byte | SHA-256 (or HMAC) of format byte and payload | payload
 //
-// The payload holds the job's identity (owner hash, key hash, fingerprint
-// and its version), the fields a replay shows, and the response.
+// The payload holds the job's identity (owner hash, key hash, fingerprint,
+// its version and scheme), the fields a replay shows, and the response.
 func encode(j *ledger.Job, mac func() hash.Hash) []byte {
 	var p []byte
 	p = appendBytes(p, j.OwnerHash)
 	p = appendBytes(p, j.KeyHash)
 	p = appendBytes(p, j.Fingerprint)
 	p = binary.AppendVarint(p, int64(j.FingerprintVersion))
+	p = appendBytes(p, []byte(j.FingerprintScheme))
 	p = appendBytes(p, []byte(j.ID))
 	p = appendBytes(p, []byte(j.State))
 	p = binary.AppendVarint(p, j.Version)
@@ -108,6 +110,7 @@ func decode(b []byte, mac func() hash.Hash) (*ledger.Job, error) {
 		KeyHash:            d.bytes(),
 		Fingerprint:        d.bytes(),
 		FingerprintVersion: int(d.varint()),
+		FingerprintScheme:  string(d.bytes()),
 		ID:                 string(d.bytes()),
 		State:              ledger.JobState(d.bytes()),
 		Version:            d.varint(),

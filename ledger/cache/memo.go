@@ -14,12 +14,10 @@ import (
 // request with the same fingerprint re-opens a failed one), so a
 // remembered identity cannot go stale.
 type identity struct {
-	ownerHash, keyHash []byte
-	fingerprint        []byte
-	fingerprintVersion int
-	retention          time.Duration
-	createdAt          time.Time
-	until              time.Time // forget it after this (local clock)
+	request   ledger.ReserveParams // owner, key and fingerprint (ReserveParams.Identify)
+	retention time.Duration
+	createdAt time.Time
+	until     time.Time // forget it after this (local clock)
 }
 
 // memo remembers the identity of the jobs this process started attempts
@@ -66,13 +64,16 @@ func (m *memo) remember(jobID string, p *ledger.ReserveParams, j *ledger.Job, le
 		return // full: completions of this job read the truth
 	}
 	m.jobs[jobID] = &identity{
-		ownerHash:          bytes.Clone(p.OwnerHash),
-		keyHash:            bytes.Clone(p.KeyHash),
-		fingerprint:        bytes.Clone(p.Fingerprint),
-		fingerprintVersion: p.FingerprintVersion,
-		retention:          j.Retention,
-		createdAt:          j.CreatedAt,
-		until:              until,
+		request: ledger.ReserveParams{
+			OwnerHash:          bytes.Clone(p.OwnerHash),
+			KeyHash:            bytes.Clone(p.KeyHash),
+			Fingerprint:        bytes.Clone(p.Fingerprint),
+			FingerprintVersion: p.FingerprintVersion,
+			FingerprintScheme:  p.FingerprintScheme,
+		},
+		retention: j.Retention,
+		createdAt: j.CreatedAt,
+		until:     until,
 	}
 }
 

@@ -13,19 +13,24 @@ import (
 // Jobs are stored in a compact binary record: a format byte, then every
 // field in a fixed order, integers as varints, strings and byte slices
 // length-prefixed. Records of the first releases are JSON objects, read
-// still (they start with '{', never a format byte).
-const recordV1 = 0x01
+// still (they start with '{', never a format byte), and so are records of
+// format 1, which lack the fingerprint's scheme.
+const (
+	recordV1 = 0x01
+	recordV2 = 0x02 // the fingerprint's scheme after its version
+)
 
 var errCorrupt = errors.New("corrupt job record")
 
 func encodeJob(j *ledger.Job) []byte {
 	b := make([]byte, 0, 256+len(j.Attempts)*96+responseSize(j.Response))
-	b = append(b, recordV1)
+	b = append(b, recordV2)
 	b = appendString(b, j.ID)
 	b = appendBytes(b, j.OwnerHash)
 	b = appendBytes(b, j.KeyHash)
 	b = appendBytes(b, j.Fingerprint)
 	b = binary.AppendVarint(b, int64(j.FingerprintVersion))
+	b = appendString(b, j.FingerprintScheme)
 	b = appendString(b, string(j.State))
 	b = binary.AppendVarint(b, j.Version)
 	b = appendString(b, j.CompletedBy)
@@ -112,7 +117,7 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 		}
 		return &j, nil
 	}
-	if len(v) == 0 || v[0] != recordV1 {
+	if len(v) == 0 || (v[0] != recordV1 && v[0] != recordV2) {
 		return nil, errCorrupt
 	}
 	d := decoder{b: v[1:]}
@@ -122,14 +127,15 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 		KeyHash:            d.bytes(),
 		Fingerprint:        d.bytes(),
 		FingerprintVersion: d.int(),
-		State:              ledger.JobState(d.string()),
-		Version:            d.varint(),
-		CompletedBy:        d.string(),
-		Retention:          time.Duration(d.varint()),
-		CreatedAt:          d.time(),
-		CompletedAt:        d.time(),
-		ExpiresAt:          d.time(),
 	}
+	if v[0] == recordV2 {
+		j.FingerprintScheme = d.string()
+	}
+	j.State = ledger.JobState(d.string())
+	j.Version = d.varint()
+	j.CompletedBy = d.string()
+	j.Retention = time.Duration(d.varint())
+	j.CreatedAt, j.CompletedAt, j.ExpiresAt = d.time(), d.time(), d.time()
 	if d.flag() {
 		r := &ledger.Response{Status: d.int()}
 		if n := d.count(); n > 0 {

@@ -1,6 +1,8 @@
 package file
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -13,7 +15,8 @@ func codecJob() *ledger.Job {
 	at := time.Date(2026, 12, 2, 15, 4, 5, 123456789, time.UTC)
 	return &ledger.Job{
 		ID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", OwnerHash: []byte{1, 2, 3}, KeyHash: []byte{4, 5},
-		Fingerprint: []byte{6}, FingerprintVersion: 1, State: ledger.JobCompleted, Version: 3,
+		Fingerprint: []byte{6}, FingerprintVersion: 2, FingerprintScheme: `{"body":"json","exclude":["/ts"]}`,
+		State: ledger.JobCompleted, Version: 3,
 		CompletedBy: "a2", Retention: 24 * time.Hour, CreatedAt: at, CompletedAt: at.Add(time.Second),
 		ExpiresAt: at.Add(25 * time.Hour),
 		Response: &ledger.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}, "X-Two": {"a", ""}},
@@ -51,6 +54,29 @@ func equalJobs(t *testing.T, got, want *ledger.Job) {
 	if g, w := norm(got), norm(want); !reflect.DeepEqual(g, w) {
 		t.Fatalf("decoded %+v\nwant    %+v", g, w)
 	}
+}
+
+// TestCodecFormat1 reads a record of format 1, written before jobs had a
+// fingerprint scheme: the same fields, without the scheme.
+func TestCodecFormat1(t *testing.T) {
+	j := codecJob()
+	j.FingerprintScheme = ""
+	v2 := encodeJob(j)
+	// Format 1 is format 2 without the scheme's length (0) after the
+	// fingerprint version.
+	head := []byte{recordV2}
+	head = appendString(head, j.ID)
+	head = appendBytes(appendBytes(appendBytes(head, j.OwnerHash), j.KeyHash), j.Fingerprint)
+	head = binary.AppendVarint(head, int64(j.FingerprintVersion))
+	if !bytes.Equal(v2[:len(head)], head) || v2[len(head)] != 0 {
+		t.Fatalf("format 2 record does not start as expected: % x", v2[:len(head)+1])
+	}
+	v1 := append(append([]byte{recordV1}, v2[1:len(head)]...), v2[len(head)+1:]...)
+	got, err := decodeJob(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalJobs(t, got, j)
 }
 
 func TestCodecRoundTrip(t *testing.T) {
@@ -94,7 +120,7 @@ func TestCodecReadsJSONRecords(t *testing.T) {
 
 func TestCodecRefusesCorruptRecords(t *testing.T) {
 	v := encodeJob(codecJob())
-	for _, bad := range [][]byte{nil, {0x02}, v[:len(v)-1], append(append([]byte(nil), v...), 0), {recordV1, 0xff}} {
+	for _, bad := range [][]byte{nil, {0x03}, v[:len(v)-1], append(append([]byte(nil), v...), 0), {recordV1, 0xff}} {
 		if _, err := decodeJob(bad); err == nil {
 			t.Errorf("decodeJob(%x) accepted a corrupt record", bad)
 		}

@@ -102,6 +102,7 @@ func params(lease time.Duration) ledger.ReserveParams {
 		KeyHash:            randBytes(32),
 		Fingerprint:        randBytes(32),
 		FingerprintVersion: 1,
+		FingerprintScheme:  `{"body":"json","exclude":["/ts"]}`,
 		Retention:          time.Hour,
 		Attempt:            next("primary", lease),
 	}
@@ -224,7 +225,8 @@ func testReserveCreates(t *testing.T, h Harness) {
 	}
 	j := job(t, l, r.Job.ID)
 	wantState(t, j, ledger.JobPending, ledger.AttemptStarting)
-	if !bytes.Equal(j.OwnerHash, p.OwnerHash) || !bytes.Equal(j.KeyHash, p.KeyHash) || !bytes.Equal(j.Fingerprint, p.Fingerprint) || j.FingerprintVersion != 1 {
+	if !bytes.Equal(j.OwnerHash, p.OwnerHash) || !bytes.Equal(j.KeyHash, p.KeyHash) || !bytes.Equal(j.Fingerprint, p.Fingerprint) || j.FingerprintVersion != 1 ||
+		j.FingerprintScheme != p.FingerprintScheme {
 		t.Errorf("stored identity differs: %+v", j)
 	}
 	c := complete(t, l, r.Attempt, `{"ok":true}`, true)
@@ -306,9 +308,16 @@ func testMismatch(t *testing.T, h Harness) {
 	r := reserve(t, l, p, ledger.Created)
 	other := p
 	other.Fingerprint = randBytes(32)
+	other.FingerprintScheme = "another scheme"
 	m := reserve(t, l, other, ledger.Mismatch)
 	if m.Job.ID != r.Job.ID || m.Attempt != nil {
 		t.Errorf("mismatch reservation = %+v", m)
+	}
+	// The mismatch says how the job's fingerprint was made, so that the
+	// caller can fingerprint its request the same way.
+	if m.Job.FingerprintVersion != p.FingerprintVersion || m.Job.FingerprintScheme != p.FingerprintScheme {
+		t.Errorf("mismatch reports fingerprint version %d scheme %q, want %d %q",
+			m.Job.FingerprintVersion, m.Job.FingerprintScheme, p.FingerprintVersion, p.FingerprintScheme)
 	}
 	complete(t, l, r.Attempt, "secret answer", true)
 	m = reserve(t, l, other, ledger.Mismatch)
@@ -1230,8 +1239,10 @@ func sameJob(got, want *ledger.Job) string {
 	check("id", got.ID == want.ID, got.ID, want.ID)
 	check("owner", bytes.Equal(got.OwnerHash, want.OwnerHash), got.OwnerHash, want.OwnerHash)
 	check("key", bytes.Equal(got.KeyHash, want.KeyHash), got.KeyHash, want.KeyHash)
-	check("fingerprint", bytes.Equal(got.Fingerprint, want.Fingerprint) && got.FingerprintVersion == want.FingerprintVersion,
-		got.Fingerprint, want.Fingerprint)
+	check("fingerprint", bytes.Equal(got.Fingerprint, want.Fingerprint) && got.FingerprintVersion == want.FingerprintVersion &&
+		got.FingerprintScheme == want.FingerprintScheme,
+		fmt.Sprintf("%x v%d %q", got.Fingerprint, got.FingerprintVersion, got.FingerprintScheme),
+		fmt.Sprintf("%x v%d %q", want.Fingerprint, want.FingerprintVersion, want.FingerprintScheme))
 	check("state", got.State == want.State, got.State, want.State)
 	check("version", got.Version == want.Version, got.Version, want.Version)
 	check("completed by", got.CompletedBy == want.CompletedBy, got.CompletedBy, want.CompletedBy)

@@ -69,7 +69,7 @@ END $$;
 -- answers 'created' (attempt 1) or 'reopened' again, with the attempt as it
 -- is now.
 CREATE FUNCTION {{fn}}.reserve(
-	p_job uuid, p_attempt uuid, p_owner bytea, p_key bytea, p_fp bytea, p_fpv integer,
+	p_job uuid, p_attempt uuid, p_owner bytea, p_key bytea, p_fp bytea, p_fpv integer, p_fps text,
 	p_provider text, p_lease_us bigint, p_retention_us bigint,
 	OUT outcome text, OUT ts timestamptz,
 	OUT job_id uuid, OUT job_state text, OUT job_version bigint, OUT completed_by uuid,
@@ -78,7 +78,7 @@ CREATE FUNCTION {{fn}}.reserve(
 	OUT response_size bigint, OUT response_stored boolean,
 	OUT attempt_id uuid, OUT attempt_number integer, OUT attempt_provider text,
 	OUT attempt_state text, OUT attempt_version bigint, OUT attempt_started timestamptz,
-	OUT attempt_deadline timestamptz)
+	OUT attempt_deadline timestamptz, OUT fp_version integer, OUT fp_scheme text)
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
@@ -90,9 +90,9 @@ BEGIN
 		ts := clock_timestamp();
 		-- No conflict target: a repeat of this call, running concurrently,
 		-- conflicts on the id as well as on (owner, key).
-		INSERT INTO jobs AS t (id, owner_hash, key_hash, fingerprint, fingerprint_version, state,
-			version, attempt_count, retention, created_at, lease_until)
-		VALUES (p_job, p_owner, p_key, p_fp, p_fpv, 'pending', 1, 1, keep, ts, ts + lease)
+		INSERT INTO jobs AS t (id, owner_hash, key_hash, fingerprint, fingerprint_version,
+			fingerprint_scheme, state, version, attempt_count, retention, created_at, lease_until)
+		VALUES (p_job, p_owner, p_key, p_fp, p_fpv, p_fps, 'pending', 1, 1, keep, ts, ts + lease)
 		ON CONFLICT DO NOTHING
 		RETURNING t.* INTO j;
 		IF FOUND THEN
@@ -144,7 +144,7 @@ BEGIN
 		IF j.expires_at IS NOT NULL AND j.expires_at <= ts THEN
 			DELETE FROM attempts t WHERE t.job_id = j.id;
 			UPDATE jobs t SET id = p_job, fingerprint = p_fp, fingerprint_version = p_fpv,
-				state = 'pending', version = 1, completed_by = NULL, attempt_count = 1,
+				fingerprint_scheme = p_fps, state = 'pending', version = 1, completed_by = NULL, attempt_count = 1,
 				retention = keep, created_at = ts, completed_at = NULL, expires_at = NULL,
 				lease_until = ts + lease, response_status = NULL, response_header = NULL,
 				response_body = NULL, response_size = NULL, response_stored = false
@@ -193,8 +193,9 @@ BEGIN
 	END LOOP;
 
 	job_id := j.id; job_state := j.state; job_version := j.version; created_at := j.created_at;
+	fp_version := j.fingerprint_version; fp_scheme := j.fingerprint_scheme;
 	IF outcome = 'mismatch' THEN
-		RETURN; -- never the other request's answer
+		RETURN; -- how its fingerprint was made, never the other request's answer
 	END IF;
 	completed_by := j.completed_by; completed_at := j.completed_at; expires_at := j.expires_at;
 	IF j.completed_by IS NOT NULL THEN

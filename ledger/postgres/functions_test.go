@@ -13,6 +13,7 @@ import (
 // changes once released.
 var released = map[int]string{
 	3: "38194d1bcedd3e8b5e51ec31899d6eaf7ac0bd78b8de7c31ab02f89a3d0b42c7",
+	4: "a2bb7c62b8b4563288c37908436fa60d51d27f59c996635490f9c29cb242a9d9",
 }
 
 func TestFunctionsVersion(t *testing.T) {
@@ -43,12 +44,12 @@ func TestFunctionsSQL(t *testing.T) {
 		t.Fatal("no functions found")
 	}
 	for _, c := range created {
-		if c[1] != `"onejob_fn3"` {
+		if c[1] != `"onejob_fn4"` {
 			t.Errorf("function %s is created in %s, not in the functions' schema", c[2], c[1])
 		}
 		calls := regexp.MustCompile(`([\w".]*)\b`+c[2]+`\(`).FindAllStringSubmatch(sql, -1)
 		for _, call := range calls {
-			if call[1] != `"onejob_fn3".` {
+			if call[1] != `"onejob_fn4".` {
 				t.Errorf("%s is called as %q: name the functions' schema", c[2], call[0])
 			}
 		}
@@ -56,7 +57,7 @@ func TestFunctionsSQL(t *testing.T) {
 }
 
 func TestSchemaNameLength(t *testing.T) {
-	long := strings.Repeat("s", maxIdentifier-len("_fn3")+1)
+	long := strings.Repeat("s", maxIdentifier-len("_fn4")+1)
 	_, err := Open(context.Background(), "postgres://127.0.0.1:1/none", Options{Schema: long})
 	if err == nil || !strings.Contains(err.Error(), "too long") {
 		t.Errorf("Open with a %d-byte schema: err = %v, want too long", len(long), err)

@@ -121,12 +121,15 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		attemptNumber                            pgtype.Int4
 		attemptVersion                           pgtype.Int8
 		attemptStarted, attemptDeadline          pgtype.Timestamptz
+		fpVersion                                int32
+		fpScheme                                 string
 	)
 	dest := []any{&outcome, &ts, &jobID, &jobState, &jobVersion, &completedBy, &createdAt, &completedAt, &expiresAt}
 	dest = append(dest, resp.dest()...)
-	dest = append(dest, &attemptID, &attemptNumber, &attemptProvider, &attemptState, &attemptVersion, &attemptStarted, &attemptDeadline)
-	err := l.pool.QueryRow(ctx, `SELECT * FROM reserve($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, p.Fingerprint, p.FingerprintVersion,
+	dest = append(dest, &attemptID, &attemptNumber, &attemptProvider, &attemptState, &attemptVersion, &attemptStarted, &attemptDeadline,
+		&fpVersion, &fpScheme)
+	err := l.pool.QueryRow(ctx, `SELECT * FROM reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, p.Fingerprint, p.FingerprintVersion, p.FingerprintScheme,
 		p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention)).Scan(dest...)
 	if err != nil {
 		return ledger.Reservation{}, fmt.Errorf("postgres ledger: reserve: %w", err)
@@ -143,11 +146,11 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		CreatedAt: timeOf(createdAt),
 	}
 	if r.Outcome == ledger.Mismatch {
-		return r, nil
+		r.Job.FingerprintVersion, r.Job.FingerprintScheme = int(fpVersion), fpScheme
+		return ledger.Mismatched(r.Job, ts), nil
 	}
 	j := r.Job
-	j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
-	j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
+	p.Identify(j)
 	j.Retention = p.Retention
 	j.CompletedBy = stringOf(completedBy)
 	j.CompletedAt, j.ExpiresAt = timeOf(completedAt), timeOf(expiresAt)

@@ -5,7 +5,10 @@
 // LISTEN/NOTIFY on one connection per Ledger.
 //
 // The tables live in the ledger's schema and change only by migrations
-// (migrations/*.sql). The functions live in a schema of their own per
+// (migrations/*.sql), which a gateway of an earlier release refuses to run
+// beside, and by expansions (expansions/*.sql), which only add what earlier
+// releases can ignore (a column with a default) and so leave them running
+// and starting during a rolling upgrade. The functions live in a schema of their own per
 // version of functions.sql, "<schema>_fn<N>", which this release's
 // connections put first in their search_path: gateways of different
 // releases share the tables, each calling its own functions, during a
@@ -115,7 +118,7 @@ func (l *Ledger) Close() error {
 	return nil
 }
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql expansions/*.sql
 var migrations embed.FS
 
 type migration struct {
@@ -124,14 +127,16 @@ type migration struct {
 	sql     string
 }
 
-func loadMigrations() ([]migration, error) {
-	files, err := fs.Glob(migrations, "migrations/*.sql")
+// loadMigrations reads the numbered files of dir (migrations or
+// expansions), in order.
+func loadMigrations(dir string) ([]migration, error) {
+	files, err := fs.Glob(migrations, dir+"/*.sql")
 	if err != nil {
 		return nil, err
 	}
 	var ms []migration
 	for _, f := range files {
-		base := strings.TrimPrefix(f, "migrations/")
+		base := strings.TrimPrefix(f, dir+"/")
 		num, _, ok := strings.Cut(base, "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil {
@@ -156,11 +161,15 @@ func loadMigrations() ([]migration, error) {
 // gateways starting together apply each migration once.
 const migrationLock = 0x6f6e656a6f62 // "onejob"
 
-// migrate applies the missing migrations and then, unless they are there
-// already, the current functions, in one transaction, holding an advisory
-// lock.
+// migrate applies the missing migrations and expansions and then, unless
+// they are there already, the current functions, in one transaction,
+// holding an advisory lock.
 func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	ms, err := loadMigrations()
+	ms, err := loadMigrations("migrations")
+	if err != nil {
+		return fmt.Errorf("postgres ledger: %w", err)
+	}
+	es, err := loadMigrations("expansions")
 	if err != nil {
 		return fmt.Errorf("postgres ledger: %w", err)
 	}
@@ -188,16 +197,41 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		if current > len(ms) {
 			return fmt.Errorf("postgres ledger: schema %s is at version %d, newer than this gateway knows (%d)", schema, current, len(ms))
 		}
-		for _, m := range ms[current:] {
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
-				return fmt.Errorf("postgres ledger: migration %s: %w", m.name, err)
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
-				return fmt.Errorf("postgres ledger: migration %s: %w", m.name, err)
-			}
+		if err := applyMissing(ctx, tx, "schema_migrations", ms[current:]); err != nil {
+			return err
+		}
+		// Expansions are recorded apart: a gateway of an earlier release
+		// reads only schema_migrations, and starts.
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_expansions (
+			version integer PRIMARY KEY,
+			name text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fmt.Errorf("postgres ledger: %w", err)
+		}
+		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM schema_expansions").Scan(&current); err != nil {
+			return fmt.Errorf("postgres ledger: %w", err)
+		}
+		if current > len(es) {
+			current = len(es) // a later release's expansions: this one needs none of them
+		}
+		if err := applyMissing(ctx, tx, "schema_expansions", es[current:]); err != nil {
+			return err
 		}
 		return applyFunctions(ctx, tx, schema)
 	})
+}
+
+// applyMissing runs ms in order and records each in table.
+func applyMissing(ctx context.Context, tx pgx.Tx, table string, ms []migration) error {
+	for _, m := range ms {
+		if _, err := tx.Exec(ctx, m.sql); err != nil {
+			return fmt.Errorf("postgres ledger: %s %s: %w", table, m.name, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+table+" (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
+			return fmt.Errorf("postgres ledger: %s %s: %w", table, m.name, err)
+		}
+	}
+	return nil
 }
 
 // errUnexpected reports an outcome a function should never return.

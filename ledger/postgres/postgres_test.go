@@ -170,16 +170,18 @@ func TestMigrationsConcurrent(t *testing.T) {
 		t.Errorf("concurrent Open: %v", err)
 	}
 	l := open(t, schema)
-	var n int
-	if err := l.Pool().QueryRow(context.Background(), "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	ms, err := loadMigrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != len(ms) {
-		t.Errorf("schema_migrations has %d rows, want %d", n, len(ms))
+	for dir, table := range map[string]string{"migrations": "schema_migrations", "expansions": "schema_expansions"} {
+		var n int
+		if err := l.Pool().QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		ms, err := loadMigrations(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != len(ms) {
+			t.Errorf("%s has %d rows, want %d", table, n, len(ms))
+		}
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 
 // jobColumns are read by Job and Jobs; the body only by Job. The state is
 // read as stored: leases are applied in Go against the server's clock.
-const jobColumns = `id, owner_hash, key_hash, fingerprint, fingerprint_version, state, version,
+const jobColumns = `id, owner_hash, key_hash, fingerprint, fingerprint_version, fingerprint_scheme, state, version,
 	completed_by, extract(epoch FROM retention)::float8, created_at, completed_at, expires_at,
 	response_status, response_header, %s, response_size, response_stored, clock_timestamp()`
 
@@ -37,7 +37,7 @@ func scanJob(row pgx.Row, extra ...any) (*ledger.Job, time.Time, error) {
 		cols                   responseCols
 		now                    time.Time
 	)
-	dest := []any{&j.ID, &j.OwnerHash, &j.KeyHash, &j.Fingerprint, &j.FingerprintVersion, &state, &j.Version,
+	dest := []any{&j.ID, &j.OwnerHash, &j.KeyHash, &j.Fingerprint, &j.FingerprintVersion, &j.FingerprintScheme, &state, &j.Version,
 		&completedBy, &retention, &j.CreatedAt, &completedAt, &expiresAt}
 	dest = append(dest, cols.dest()...)
 	dest = append(dest, &now)

@@ -114,6 +114,7 @@ func decodeJob(m map[string]string) (*ledger.Job, error) {
 		KeyHash:            []byte(m["key"]),
 		Fingerprint:        []byte(m["fp"]),
 		FingerprintVersion: fpv,
+		FingerprintScheme:  m["fps"],
 		State:              ledger.JobState(m["state"]),
 		Version:            int64Of(m["ver"]),
 		CompletedBy:        m["by"],

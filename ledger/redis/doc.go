@@ -18,8 +18,9 @@
 //	<p>k:<hex owner hash>:<hex key hash>   string: the id of the job that
 //	                                       holds the identity (owner, key)
 //	<p>j:<job id>                          hash: the job (id, owner, key,
-//	                                       ident, fp, fpv, state, ver, by,
-//	                                       ret, created, done, exp, n) and
+//	                                       ident, fp, fpv, fps (scheme),
+//	                                       state, ver, by, ret, created,
+//	                                       done, exp, n) and
 //	                                       its answer (status, hdr as JSON,
 //	                                       body, size, stored)
 //	<p>a:<job id>                          hash: the job's attempts, fields

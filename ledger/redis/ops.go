@@ -87,7 +87,8 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	keys := []string{l.identKey(ident), l.jobKey(p.JobID), l.attemptsKey(p.JobID), l.idxKey(), l.leasesKey(), l.expiryKey()}
 	outcome, a, err := l.run(ctx, "reserve", scripts.reserve, keys,
 		l.prefix, p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
-		strconv.Itoa(p.FingerprintVersion), p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention))
+		strconv.Itoa(p.FingerprintVersion), p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention),
+		p.FingerprintScheme)
 	if err != nil {
 		return ledger.Reservation{}, err
 	}
@@ -97,14 +98,16 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		return ledger.Reservation{}, errUnexpected("reserve", outcome)
 	}
 	if r.Outcome == ledger.Mismatch {
-		// Only the id and state: never the other request's answer.
+		// The id, state and fingerprint's making: never the other
+		// request's answer.
 		vals, ok := array(a[2])
-		if !ok || len(vals) < 3 {
+		if !ok || len(vals) < 5 {
 			return ledger.Reservation{}, errReply("reserve", a[2])
 		}
-		m := zipFields([]string{"id", "state", "created"}, vals)
-		r.Job = &ledger.Job{ID: m["id"], State: ledger.JobState(m["state"]), CreatedAt: timeOf(m["created"])}
-		return r, nil
+		m := zipFields([]string{"id", "state", "created", "fpv", "fps"}, vals)
+		fpv, _ := strconv.Atoi(m["fpv"])
+		return ledger.Mismatched(&ledger.Job{ID: m["id"], State: ledger.JobState(m["state"]),
+			CreatedAt: timeOf(m["created"]), FingerprintVersion: fpv, FingerprintScheme: m["fps"]}, r.Now), nil
 	}
 	if len(a) < 5 {
 		return ledger.Reservation{}, errReply("reserve", a)

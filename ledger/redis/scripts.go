@@ -18,7 +18,7 @@ var luaFiles embed.FS
 // jobFields are the job hash's fields that scripts return and listings read,
 // in this order; the body is read only where needed.
 var jobFields = []string{
-	"id", "owner", "key", "ident", "fp", "fpv", "state", "ver", "by", "ret",
+	"id", "owner", "key", "ident", "fp", "fpv", "fps", "state", "ver", "by", "ret",
 	"created", "done", "exp", "n", "status", "hdr", "size", "stored",
 }
 

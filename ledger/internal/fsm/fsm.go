@@ -20,6 +20,7 @@ func NewJob(p ledger.ReserveParams, now time.Time) *ledger.Job {
 		KeyHash:            bytes.Clone(p.KeyHash),
 		Fingerprint:        bytes.Clone(p.Fingerprint),
 		FingerprintVersion: p.FingerprintVersion,
+		FingerprintScheme:  p.FingerprintScheme,
 		State:              ledger.JobPending,
 		Version:            1,
 		Retention:          p.Retention,
@@ -128,12 +129,8 @@ func Blocking(j *ledger.Job) *ledger.Attempt {
 // Reserve applies a reservation to an existing, unexpired job j. It reports
 // whether j changed.
 func Reserve(j *ledger.Job, p ledger.ReserveParams, now time.Time) (ledger.Reservation, bool) {
-	if j.FingerprintVersion != p.FingerprintVersion || !bytes.Equal(j.Fingerprint, p.Fingerprint) {
-		return ledger.Reservation{
-			Outcome: ledger.Mismatch,
-			Job:     &ledger.Job{ID: j.ID, State: j.State, CreatedAt: j.CreatedAt},
-			Now:     now,
-		}, false
+	if !p.Matches(j) {
+		return ledger.Mismatched(j, now), false
 	}
 	changed := ApplyLeases(j, now) > 0
 	r := ledger.Reservation{Now: now}

@@ -4,7 +4,6 @@
 package near
 
 import (
-	"bytes"
 	"container/list"
 	"sync"
 	"time"
@@ -93,12 +92,8 @@ func (n *Cache) Len() int {
 // owner and key that has not expired: its answer, or a mismatch when p is
 // another request.
 func Answer(j *ledger.Job, p *ledger.ReserveParams, now time.Time) ledger.Reservation {
-	if j.FingerprintVersion != p.FingerprintVersion || !bytes.Equal(j.Fingerprint, p.Fingerprint) {
-		return ledger.Reservation{
-			Outcome: ledger.Mismatch,
-			Job:     &ledger.Job{ID: j.ID, State: j.State, CreatedAt: j.CreatedAt},
-			Now:     now,
-		}
+	if !p.Matches(j) {
+		return ledger.Mismatched(j, now)
 	}
 	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}
 }
@@ -136,8 +131,7 @@ func (n *Cache) Remember(key string, r ledger.Reservation, p *ledger.ReservePara
 		return r
 	}
 	j := *r.Job
-	j.OwnerHash, j.KeyHash = p.OwnerHash, p.KeyHash
-	j.Fingerprint, j.FingerprintVersion = p.Fingerprint, p.FingerprintVersion
+	p.Identify(&j)
 	n.Put(key, &j, time.Now().Add(left))
 	return r
 }

@@ -8,7 +8,8 @@
 --
 -- KEYS: identity, new job, new job's attempts, idx, leases, expiry
 -- ARGV: prefix, job id, attempt id, owner hash, key hash, identity (hex),
---       fingerprint, fingerprint version, provider, lease us, retention us
+--       fingerprint, fingerprint version, provider, lease us, retention us,
+--       fingerprint scheme
 --
 -- The existing job's keys are named after the id stored under the identity
 -- key: the one place a script touches keys it was not given (see doc.go).
@@ -22,7 +23,8 @@ if id then
 	local J = load_current(prefix .. 'j:' .. id, prefix .. 'a:' .. id, now)
 	if J then
 		if J.fpv ~= ARGV[8] or J.fp ~= ARGV[7] then
-			return {'mismatch', fmt(now), {J.id, J.state, J.created}}
+			-- How the job's fingerprint was made, never its answer.
+			return {'mismatch', fmt(now), {J.id, J.state, J.created, J.fpv, J.fps or ''}}
 		end
 		local A = load_attempts(J)
 		apply_leases(J, A, now)
@@ -77,7 +79,7 @@ local J = {jkey = KEYS[2], akey = KEYS[3], id = ARGV[2], ident = ARGV[6], ver = 
 	state = 'pending', by = '', ret = tonumber(ARGV[11])}
 J.state0 = J.state
 redis.call('HSET', J.jkey, 'id', J.id, 'owner', ARGV[4], 'key', ARGV[5], 'ident', J.ident,
-	'fp', ARGV[7], 'fpv', ARGV[8], 'state', 'pending', 'ver', '1', 'by', '', 'ret', ARGV[11],
+	'fp', ARGV[7], 'fpv', ARGV[8], 'fps', ARGV[12], 'state', 'pending', 'ver', '1', 'by', '', 'ret', ARGV[11],
 	'created', fmt(now), 'n', '0')
 redis.call('SET', KEYS[1], J.id)
 redis.call('ZADD', KEYS[4], '0', J.id)
