@@ -40,6 +40,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		methods <method...>
 //		require_key
 //		fingerprint raw | json | graphql
+//		fingerprint json {
+//			include <json-pointer...>
+//			exclude <json-pointer...>
+//		}
 //		fingerprint_headers <name...>
 //		status_path <path>
 //		max_request_body <size>
@@ -107,6 +111,38 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 	return nil
 }
 
+// parseSelection reads the block of "fingerprint json { include|exclude
+// <json-pointer...> }", if there is one.
+func (h *Handler) parseSelection(d *caddyfile.Dispenser) error {
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if h.Fingerprint != "json" {
+			return d.Errf("fingerprint %s takes no block: include and exclude select members of JSON bodies", h.Fingerprint)
+		}
+		which := d.Val()
+		if which != "include" && which != "exclude" {
+			return d.Errf("fingerprint json: unknown %q, want include or exclude", which)
+		}
+		pointers := d.RemainingArgs()
+		if len(pointers) == 0 {
+			return d.Errf("fingerprint json: %s needs at least one JSON pointer", which)
+		}
+		for _, p := range pointers {
+			if _, err := proxy.ParsePointer(p); err != nil {
+				return d.Errf("fingerprint json: %s: %v", which, err)
+			}
+		}
+		if which == "include" {
+			h.FingerprintInclude = append(h.FingerprintInclude, pointers...)
+		} else {
+			h.FingerprintExclude = append(h.FingerprintExclude, pointers...)
+		}
+		if len(h.FingerprintInclude) > 0 && len(h.FingerprintExclude) > 0 {
+			return d.Errf("fingerprint json: include and exclude together: name the members that count, or those that do not")
+		}
+	}
+	return nil
+}
+
 // unmarshalOption reads one subdirective of the handler's own config
 // (not a provider, ledger or cache) and its arguments.
 func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []string) error {
@@ -137,11 +173,13 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		}
 		h.RequireKey = true
 	case "fingerprint":
-		if h.Fingerprint, err = one(d, args); err == nil {
-			if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil {
-				return d.Errf("fingerprint must be raw, json or graphql, not %q", h.Fingerprint)
-			}
+		if h.Fingerprint, err = one(d, args); err != nil {
+			return err
 		}
+		if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil {
+			return d.Errf("fingerprint must be raw, json or graphql, not %q", h.Fingerprint)
+		}
+		return h.parseSelection(d)
 	case "fingerprint_headers":
 		if len(args) == 0 {
 			return d.ArgErr()

@@ -84,6 +84,13 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"status_path empty", "idempotency {\n\tstatus_path \"\"\n}", `not "", at Testfile:2`},
 		{"status_path missing", "idempotency {\n\tstatus_path\n}", "wrong argument count"},
 		{"status_path two args", "idempotency {\n\tstatus_path /a /b\n}", "wrong argument count"},
+		{"fingerprint block on raw", "idempotency {\n\tfingerprint raw {\n\t\tinclude /a\n\t}\n}", `fingerprint raw takes no block: include and exclude select members of JSON bodies, at Testfile:3`},
+		{"fingerprint block unknown", "idempotency {\n\tfingerprint json {\n\t\tonly /a\n\t}\n}", `fingerprint json: unknown "only", want include or exclude, at Testfile:3`},
+		{"fingerprint include empty", "idempotency {\n\tfingerprint json {\n\t\tinclude\n\t}\n}", `fingerprint json: include needs at least one JSON pointer, at Testfile:3`},
+		{"fingerprint bad pointer", "idempotency {\n\tfingerprint json {\n\t\texclude /ts meta/trace\n\t}\n}", `fingerprint json: exclude: JSON pointer "meta/trace" must start with /, at Testfile:3`},
+		{"fingerprint dash pointer", "idempotency {\n\tfingerprint json {\n\t\tinclude /items/-\n\t}\n}", `names no element a request holds, at Testfile:3`},
+		{"fingerprint bad escape", "idempotency {\n\tfingerprint json {\n\t\tinclude /a~2\n\t}\n}", `"~" must be followed by 0 or 1, at Testfile:3`},
+		{"fingerprint include and exclude", "idempotency {\n\tfingerprint json {\n\t\tinclude /a\n\t\texclude /b\n\t}\n}", `fingerprint json: include and exclude together: name the members that count, or those that do not, at Testfile:4`},
 		{"fingerprint_headers not a name", "idempotency {\n\tfingerprint_headers X-A X:B\n}", `invalid header name "X:B", at Testfile:2`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,6 +116,9 @@ func TestUnmarshalMaxWaitStatusPath(t *testing.T) {
 		{"status_path /jobs", `{"status_path":"/jobs"}`},
 		{"status_path /jobs/", `{"status_path":"/jobs/"}`},
 		{"status_path /api/v1/idempotency", `{"status_path":"/api/v1/idempotency"}`},
+		{"fingerprint json {\n\t\texclude /ts /meta/trace~1id\n\t}", `{"fingerprint":"json","fingerprint_exclude":["/ts","/meta/trace~1id"]}`},
+		{"fingerprint json {\n\t\tinclude /amount\n\t\tinclude /currency /items/0\n\t}", `{"fingerprint":"json","fingerprint_include":["/amount","/currency","/items/0"]}`},
+		{"fingerprint json", `{"fingerprint":"json"}`},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			var h Handler

@@ -82,6 +82,17 @@ type Handler struct {
 	// ledgered). Default json.
 	Fingerprint string `json:"fingerprint,omitempty"`
 
+	// FingerprintInclude, in json mode, are JSON Pointers (RFC 6901) to
+	// the only members of the body that enter the fingerprint; an absent
+	// member counts as absent, distinct from null.
+	FingerprintInclude []string `json:"fingerprint_include,omitempty"`
+
+	// FingerprintExclude, in json mode, are JSON Pointers to members that
+	// do not enter the fingerprint (a timestamp, a nonce, a trace id),
+	// whether present, absent or null. Not together with
+	// FingerprintInclude. A job keeps the selection it was made with.
+	FingerprintExclude []string `json:"fingerprint_exclude,omitempty"`
+
 	// FingerprintHeaders are request headers that enter the fingerprint.
 	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
 
@@ -246,6 +257,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		RequireKey:         h.RequireKey,
 		OwnerSecret:        []byte(h.OwnerSecret),
 		FingerprintHeaders: append([]string(nil), h.FingerprintHeaders...),
+		FingerprintInclude: append([]string(nil), h.FingerprintInclude...),
+		FingerprintExclude: append([]string(nil), h.FingerprintExclude...),
 		MaxRequestBody:     h.MaxRequestBody,
 		MaxResponseBody:    h.MaxResponseBody,
 		Retention:          time.Duration(h.Retention),

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -136,6 +137,11 @@ type Config struct {
 	// request headers that enter the fingerprint too.
 	Fingerprint        BodyMode
 	FingerprintHeaders []string
+	// FingerprintInclude, or else FingerprintExclude, are JSON Pointers
+	// (RFC 6901) to the members of a JSON body that count (only these) or
+	// do not (all but these): json mode only, never both.
+	FingerprintInclude []string
+	FingerprintExclude []string
 	// OriginalURI returns the request URI as the client sent it, before
 	// any rewrite; default r.RequestURI.
 	OriginalURI func(*http.Request) string
@@ -189,6 +195,26 @@ type Config struct {
 	Logger   *zap.Logger
 }
 
+// selection returns the configured fingerprint selection, nil for the
+// whole body.
+func (c *Config) selection() (*selection, error) {
+	if len(c.FingerprintInclude) == 0 && len(c.FingerprintExclude) == 0 {
+		return nil, nil
+	}
+	if len(c.FingerprintInclude) > 0 && len(c.FingerprintExclude) > 0 {
+		return nil, errors.New("proxy: fingerprint json takes include or exclude, not both")
+	}
+	if c.Fingerprint != BodyJSON {
+		return nil, fmt.Errorf("proxy: fingerprint %s cannot select members: include and exclude are for json", c.Fingerprint)
+	}
+	include := len(c.FingerprintInclude) > 0
+	sel, err := newSelection(include, append(slices.Clone(c.FingerprintInclude), c.FingerprintExclude...))
+	if err != nil {
+		return nil, fmt.Errorf("proxy: fingerprint json: %w", err)
+	}
+	return sel, nil
+}
+
 func (c *Config) setDefaults() error {
 	if c.Ledger == nil {
 		return errors.New("proxy: no ledger")
@@ -216,6 +242,9 @@ func (c *Config) setDefaults() error {
 		headers[i] = http.CanonicalHeaderKey(h)
 	}
 	c.FingerprintHeaders = headers
+	if _, err := c.selection(); err != nil {
+		return err
+	}
 	if c.MaxRequestBody <= 0 {
 		c.MaxRequestBody = DefaultMaxRequestBody
 	}

@@ -3,14 +3,22 @@ package proxy
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
 )
 
-// FingerprintVersion is the version of the fingerprint encoding below; the
-// ledger stores it beside each fingerprint.
-const FingerprintVersion = 1
+// The versions of the fingerprint encoding below; the ledger stores a job's
+// beside its fingerprint, with its scheme (what the fingerprint covered).
+const (
+	// FingerprintVersion hashes the whole body.
+	FingerprintVersion = 1
+	// FingerprintVersionSelected hashes the members of a JSON body that a
+	// selection names (fingerprint json { include|exclude }), and the
+	// scheme itself, so two selections never share a fingerprint.
+	FingerprintVersionSelected = 2
+)
 
 // BodyMode says how a request body enters the fingerprint.
 type BodyMode int
@@ -58,7 +66,84 @@ func (m BodyMode) String() string {
 // order configured, each with all its values), and the body.
 type fingerprinter struct {
 	mode    BodyMode
-	headers []string // canonical header names
+	headers []string   // canonical header names
+	sel     *selection // in json mode, the members that count; nil: all
+	scheme  string     // the scheme's text (schemeText), as jobs record it
+}
+
+// schemeText is the scheme of a fingerprint as a job records it, encoded
+// as JSON: what a gateway needs to fingerprint a retry as the job was,
+// whatever its own configuration says by then.
+type schemeText struct {
+	Body    string   `json:"body"`
+	Headers []string `json:"headers,omitempty"`
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+}
+
+// newFingerprinter returns the fingerprinter of a body mode, headers
+// (canonical names) and selection (nil: the whole body; json mode only).
+func newFingerprinter(mode BodyMode, headers []string, sel *selection) fingerprinter {
+	f := fingerprinter{mode: mode, headers: headers, sel: sel}
+	t := schemeText{Body: mode.String(), Headers: headers}
+	if sel != nil {
+		if sel.include {
+			t.Include = sel.texts()
+		} else {
+			t.Exclude = sel.texts()
+		}
+	}
+	b, _ := json.Marshal(t) // strings only: cannot fail
+	f.scheme = string(b)
+	return f
+}
+
+// version is the encoding version of f's fingerprints.
+func (f fingerprinter) version() int {
+	if f.sel != nil {
+		return FingerprintVersionSelected
+	}
+	return FingerprintVersion
+}
+
+// forJob returns the fingerprinter that made the fingerprint of a job
+// recorded with version and scheme, so that a retry is fingerprinted as
+// its job was: f itself when they are f's. A job of an earlier release
+// (version 1, no scheme) was made by the whole body, in the mode and with
+// the headers configured then, taken to be f's. It returns false for a
+// version or scheme this gateway cannot make (a later release's).
+func (f fingerprinter) forJob(version int, scheme string) (fingerprinter, bool) {
+	if version == f.version() && scheme == f.scheme {
+		return f, true
+	}
+	if version == FingerprintVersion && scheme == "" {
+		g := f
+		g.sel, g.scheme = nil, ""
+		return g, true
+	}
+	var t schemeText
+	if json.Unmarshal([]byte(scheme), &t) != nil {
+		return fingerprinter{}, false
+	}
+	mode, err := ParseBodyMode(t.Body)
+	if err != nil || t.Body == "" {
+		return fingerprinter{}, false
+	}
+	var sel *selection
+	if len(t.Include) > 0 || len(t.Exclude) > 0 {
+		if mode != BodyJSON || (len(t.Include) > 0 && len(t.Exclude) > 0) {
+			return fingerprinter{}, false
+		}
+		if sel, err = newSelection(len(t.Include) > 0, append(t.Include, t.Exclude...)); err != nil {
+			return fingerprinter{}, false
+		}
+	}
+	g := newFingerprinter(mode, t.Headers, sel)
+	if g.version() != version {
+		return fingerprinter{}, false
+	}
+	g.scheme = scheme // as recorded, byte for byte
+	return g, true
 }
 
 func appendField(b []byte, s []byte) []byte {
@@ -73,7 +158,12 @@ func (f fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byt
 	switch f.mode {
 	case BodyJSON:
 		if canon, ok := CanonicalJSON(body); ok {
-			return f.sum(method, uri, h, 'j', canon)
+			if f.sel == nil {
+				return f.sum(method, uri, h, 'j', canon)
+			}
+			if part, ok := f.sel.apply(canon); ok {
+				return f.sum(method, uri, h, 's', part)
+			}
 		}
 	case BodyGraphQL:
 		if g, ok := ParseGraphQL(body); ok {
@@ -97,11 +187,15 @@ func (f fingerprinter) SumGraphQL(method, uri string, h http.Header, g *GraphQLR
 }
 
 // sum hashes the request's encoding, ending with the body's form (tag: 'r'
-// raw, 'j' canonical JSON, 'g' GraphQL) and the length-prefixed payload.
+// raw, 'j' canonical JSON, 'g' GraphQL, 's' selected JSON members) and the
+// length-prefixed payload. Version 2 puts the scheme after the version.
 func (f fingerprinter) sum(method, uri string, h http.Header, tag byte, payload []byte) []byte {
 	enc := make([]byte, 0, 64+len(uri))
 	enc = append(enc, "onejob-fingerprint"...)
-	enc = binary.AppendUvarint(enc, FingerprintVersion)
+	enc = binary.AppendUvarint(enc, uint64(f.version()))
+	if f.sel != nil {
+		enc = appendField(enc, []byte(f.scheme))
+	}
 	enc = appendField(enc, []byte(method))
 	enc = appendField(enc, []byte(uri))
 	enc = binary.AppendUvarint(enc, uint64(len(f.headers)))

@@ -33,6 +33,10 @@ func New(cfg Config) (*Middleware, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	sel, err := cfg.selection()
+	if err != nil {
+		return nil, err
+	}
 	names := make([]string, len(cfg.Providers))
 	for i, p := range cfg.Providers {
 		names[i] = p.Name
@@ -45,7 +49,7 @@ func New(cfg Config) (*Middleware, error) {
 			HedgeAfter: cfg.HedgeAfter,
 			Eligible:   cfg.Eligible,
 		},
-		fp:         fingerprinter{mode: cfg.Fingerprint, headers: cfg.FingerprintHeaders},
+		fp:         newFingerprinter(cfg.Fingerprint, cfg.FingerprintHeaders, sel),
 		hasher:     NewHasher(cfg.OwnerSecret),
 		statusBase: statusBase(cfg.StatusPath),
 	}, nil
@@ -124,23 +128,38 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 			gq = &g
 		}
 	}
-	fp := m.fp.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body)
-
 	params := ledger.ReserveParams{
 		JobID:              ledger.NewID(),
 		OwnerHash:          m.hasher.Owner(owner),
 		KeyHash:            m.hasher.Key(key),
-		Fingerprint:        fp,
-		FingerprintVersion: FingerprintVersion,
+		Fingerprint:        m.fp.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body),
+		FingerprintVersion: m.fp.version(),
+		FingerprintScheme:  m.fp.scheme,
 		Retention:          m.cfg.Retention,
 		Attempt:            ledger.NewAttempt(m.cfg.Providers[0].Name, m.cfg.AttemptDeadline),
 	}
 	// A ledger that does not answer is a ledger that cannot reserve: the
 	// wait is bounded, like every ledger call of an attempt, and ends in a
 	// 503 rather than holding the client (and a goroutine) indefinitely.
-	res, err := ledgerCall(m, r.Context(), "reserve", func(ctx context.Context) (ledger.Reservation, error) {
+	reserve := func(ctx context.Context) (ledger.Reservation, error) {
 		return m.cfg.Ledger.Reserve(ctx, params)
-	})
+	}
+	res, err := ledgerCall(m, r.Context(), "reserve", reserve)
+	if err == nil && res.Outcome == ledger.Mismatch {
+		// The job's fingerprint may have been made another way (by an
+		// earlier configuration or release): fingerprint the request as
+		// its job was, and ask again.
+		if g, ok := m.fp.forJob(res.Job.FingerprintVersion, res.Job.FingerprintScheme); ok &&
+			(g.version() != params.FingerprintVersion || g.scheme != params.FingerprintScheme) {
+			if g.mode == m.fp.mode {
+				params.Fingerprint = g.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body)
+			} else {
+				params.Fingerprint = g.Sum(r.Method, m.cfg.OriginalURI(r), r.Header, body)
+			}
+			params.FingerprintVersion, params.FingerprintScheme = g.version(), g.scheme
+			res, err = ledgerCall(m, r.Context(), "reserve", reserve)
+		}
+	}
 	if err == nil && (res.Outcome == ledger.Created || res.Outcome == ledger.Reopened) && !sendable(res) {
 		// A repeat that came too late: the attempt's lease ran out before
 		// the gateway could send it.
