@@ -11,18 +11,19 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-// TestREADMEDirectiveTable checks the README's directive reference against
-// the code: every field of the handler's JSON config has a row, every row
-// names a subdirective the Caddyfile parser knows, and nothing else.
-func TestREADMEDirectiveTable(t *testing.T) {
-	raw, err := os.ReadFile("../README.md")
+// TestDirectiveTable checks the directive reference of docs/caddyfile.md
+// against the code: every field of the handler's JSON config has a row,
+// every row names a subdirective the Caddyfile parser knows, and nothing
+// else.
+func TestDirectiveTable(t *testing.T) {
+	raw, err := os.ReadFile("../docs/caddyfile.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The table's rows start with "| `<subdirective>".
 	_, table, ok := strings.Cut(string(raw), "| subdirective | default | meaning |")
 	if !ok {
-		t.Fatal("README has no subdirective table")
+		t.Fatal("docs/caddyfile.md has no subdirective table")
 	}
 	table, _, _ = strings.Cut(table, "\n\n")
 	var documented []string
@@ -49,7 +50,7 @@ func TestREADMEDirectiveTable(t *testing.T) {
 	slices.Sort(documented)
 	slices.Sort(fields)
 	if !slices.Equal(documented, fields) {
-		t.Errorf("README documents %v,\nthe JSON config has %v", documented, fields)
+		t.Errorf("docs/caddyfile.md documents %v,\nthe JSON config has %v", documented, fields)
 	}
 
 	// Each documented name is a subdirective the parser knows (its
@@ -58,7 +59,7 @@ func TestREADMEDirectiveTable(t *testing.T) {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n" + name + "\n}"))
 		if err != nil && strings.Contains(err.Error(), "unknown subdirective") {
-			t.Errorf("README documents %q, which the Caddyfile parser does not know: %v", name, err)
+			t.Errorf("docs/caddyfile.md documents %q, which the Caddyfile parser does not know: %v", name, err)
 		}
 	}
 }
