@@ -17,8 +17,8 @@ import (
 // TestJSONExample runs the complete JSON config of docs/json.md,
 // docs/example.json, through the built binary: `caddy validate` accepts
 // it, and a keyed request through it reaches a provider once and its
-// retry is replayed. Only the example's loopback ports are changed, to
-// ports the OS picked.
+// retry is replayed. Only the example's loopback addresses are changed:
+// 127.0.0.1 and ports the OS picked.
 func TestJSONExample(t *testing.T) {
 	raw, err := os.ReadFile("../docs/example.json")
 	if err != nil {
@@ -36,7 +36,12 @@ func TestJSONExample(t *testing.T) {
 		ports[p] = freePort(t)
 		pairs = append(pairs, p, fmt.Sprintf(":%d", ports[p]))
 	}
+	// The admin endpoint too listens on 127.0.0.1 only.
+	pairs = append([]string{"localhost:2019", fmt.Sprintf("127.0.0.1:%d", ports[":2019"])}, pairs...)
 	config := strings.NewReplacer(pairs...).Replace(string(raw))
+	if strings.Contains(config, "localhost") {
+		t.Fatal("docs/example.json listens on localhost other than the admin endpoint's: update this test")
+	}
 
 	g := &gateway{t: t, home: t.TempDir(), json: true}
 	g.url = fmt.Sprintf("http://127.0.0.1:%d", ports[":8080"])
