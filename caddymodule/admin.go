@@ -27,9 +27,10 @@ func init() {
 	caddy.RegisterModule(adminAPI{})
 }
 
-// adminAPI serves the idempotency endpoints of Caddy's admin API (SPEC
-// section 5): it lists, shows and resolves jobs in every ledger open in
-// this process, and lists the providers with their probe results.
+// adminAPI serves the idempotency endpoints of Caddy's admin API
+// (docs/contract.md, section 10): it lists, shows and resolves jobs in
+// every ledger open in this process, and lists the providers with their
+// probe results.
 //
 // Admin modules are provisioned apart from the handlers, before the apps,
 // on every config load: the ledgers are looked up per request in the
@@ -384,8 +385,8 @@ func (a *adminAPI) handleProviders(w http.ResponseWriter, r *http.Request) error
 	return nil
 }
 
-// jobJSON is a job as the admin API shows it (SPEC section 5): hashes in
-// lowercase hex, times in RFC 3339, absent values null.
+// jobJSON is a job as the admin API shows it (docs/contract.md, section
+// 10): hashes in lowercase hex, times in RFC 3339, absent values null.
 type jobJSON struct {
 	ID          string          `json:"id"`
 	State       ledger.JobState `json:"state"`

@@ -33,7 +33,7 @@ func TestGuestModulesRegistered(t *testing.T) {
 }
 
 // TestGuestCaddyfile pins the Caddyfile syntax of the ledgers and the
-// cache (SPEC section 3, and each module's block form) to their JSON.
+// cache (docs/caddyfile.md, and each module's block form) to their JSON.
 func TestGuestCaddyfile(t *testing.T) {
 	for _, tc := range []struct{ in, ledger, cache string }{
 		{"ledger memory", `{"backend":"memory"}`, ""},

@@ -10,7 +10,8 @@ import (
 	"github.com/onejob/onejob/proxy"
 )
 
-// metrics are the gateway's Prometheus collectors (SPEC section 5), as one
+// metrics are the gateway's Prometheus collectors (docs/contract.md, section
+// 10; the list in docs/operations.md), as one
 // handler counts into them. Labels are bounded: outcomes, the scopes of the
 // configured handlers, providers named in the config, attempt results and
 // ledger operations; never a key or an owner.

@@ -32,7 +32,7 @@ type providerEntry struct {
 	probe *ProbeResult
 }
 
-// ProbeResult is the latest probe of a provider (SPEC section 4).
+// ProbeResult is the latest probe of a provider (docs/contract.md, section 9).
 type ProbeResult struct {
 	// OK is true when the probe's answer passed the contract.
 	OK bool

@@ -22,7 +22,8 @@ import (
 // carry its Referer, which the Referrer-Policy below keeps for same-origin
 // requests, and its POSTs its Origin. A browser's first navigation to the
 // page carries neither: the admin endpoint lets it through only when its
-// origins list the empty origin (see the README).
+// origins list the empty origin (see docs/operations.md, "Letting a browser
+// in").
 
 //go:embed ui
 var uiFiles embed.FS

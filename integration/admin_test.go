@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// adminJob is the admin API's job shape (SPEC section 5).
+// adminJob is the admin API's job shape (docs/contract.md, section 10).
 type adminJob struct {
 	ID          string  `json:"id"`
 	State       string  `json:"state"`

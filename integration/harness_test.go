@@ -147,6 +147,8 @@ type gateway struct {
 	admin  string
 	config string
 	home   string
+	// json: config is Caddy's JSON, not a Caddyfile.
+	json   bool
 	cmd    *exec.Cmd
 	exited chan struct{}
 	out    *syncBuffer
@@ -197,7 +199,11 @@ func (g *gateway) start() {
 	t := g.t
 	t.Helper()
 	g.out = &syncBuffer{}
-	g.cmd = exec.Command(binary, "run", "--config", g.config, "--adapter", "caddyfile")
+	args := []string{"run", "--config", g.config}
+	if !g.json {
+		args = append(args, "--adapter", "caddyfile")
+	}
+	g.cmd = exec.Command(binary, args...)
 	g.cmd.Env = append(os.Environ(), "HOME="+g.home, "XDG_DATA_HOME="+g.home+"/data", "XDG_CONFIG_HOME="+g.home+"/config")
 	g.cmd.Stdout, g.cmd.Stderr = g.out, g.out
 	if err := g.cmd.Start(); err != nil {

@@ -71,8 +71,8 @@ func streamEvent(call, i int, marker string) string {
 
 // TestLedgerReplyLost lets one ledger call through and drops its reply
 // (faultproxy.Proxy.DropReply): the transition happened, but the gateway saw its
-// connection break. Every transition is idempotent (SPEC section 1, rule
-// 3), so the gateway may repeat it and gets what the first application
+// connection break. Every transition is idempotent (docs/contract.md,
+// section 2, rule 3), so the gateway may repeat it and gets what the first application
 // returned: the first client gets its own answer (never marked replayed),
 // a retry replays it, and nothing runs twice. A reservation whose reply
 // was lost while the ledger then went away was never sent: once the

@@ -6,7 +6,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// JobState is the state of a job (SPEC section 1).
+// JobState is the state of a job (docs/contract.md, section 1).
 type JobState string
 
 // Job states.
@@ -31,7 +31,7 @@ func (s JobState) Valid() bool {
 	return false
 }
 
-// AttemptState is the state of an attempt (SPEC section 1).
+// AttemptState is the state of an attempt (docs/contract.md, section 1).
 type AttemptState string
 
 // Attempt states.

@@ -49,7 +49,7 @@ type result struct {
 // a hedge, failing over, sending an answer's headers) is allowed only while
 // the state is clientOpen. So once an answer's headers went out, nothing
 // but that answer reaches the client: if it ends early, the client's
-// connection is cut (SPEC section 1, rule 7).
+// connection is cut (docs/contract.md, rule 7).
 type clientState int
 
 const (

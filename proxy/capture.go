@@ -192,7 +192,7 @@ var hopHeaders = []string{
 }
 
 // NeverStored reports whether the header named name (in any case) is one no
-// stored answer carries (SPEC section 2): a hop-by-hop header, or Date,
+// stored answer carries (docs/contract.md, section 5): a hop-by-hop header, or Date,
 // which a replay sets anew. An answer given by other means (an operator's,
 // through the admin API) is held to the same list.
 func NeverStored(name string) bool {

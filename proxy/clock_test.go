@@ -13,7 +13,7 @@ import (
 	"github.com/onejob/onejob/ledger/memory"
 )
 
-// SPEC rule 8: no decision uses the gateway's local clock where the ledger
+// Rule 8 of docs/contract.md: no decision uses the gateway's local clock where the ledger
 // has one. These tests run the ledger's clock a minute ahead of, or behind,
 // the gateway's: the answers must be those of agreeing clocks.
 

@@ -32,7 +32,7 @@ const (
 	DefaultProvider = "next"
 )
 
-// The defaults a zero Config takes (SPEC section 3). Callers that derive a
+// The defaults a zero Config takes (the directive table of docs/caddyfile.md). Callers that derive a
 // value from one (a bound sized for the largest stored answer) name these.
 const (
 	DefaultRetention       = 24 * time.Hour
@@ -113,7 +113,8 @@ func (nopObserver) InFlight(int)                   {}
 func (nopObserver) LedgerOp(string, time.Duration) {}
 func (nopObserver) LedgerRepeat(string)            {}
 
-// Config configures a Middleware. Zero values take the SPEC's defaults.
+// Config configures a Middleware. Zero values take the documented
+// defaults (docs/caddyfile.md).
 type Config struct {
 	Ledger ledger.Ledger
 

@@ -268,7 +268,8 @@ func FuzzParseKey(f *testing.F) {
 	})
 }
 
-// referenceKey is the key grammar of SPEC section 2 written the long way: a
+// referenceKey is the key grammar of docs/contract.md (section 4,
+// "Keys") written the long way: a
 // value that starts with DQUOTE is an RFC 8941 sf-string, whose content is
 // the key; anything else is the key as is; the key is 1-255 bytes of
 // %x21-7E.

@@ -11,7 +11,7 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// Ledger calls and their repeats (SPEC section 1, rule 3). Every transition
+// Ledger calls and their repeats (docs/contract.md, rule 3). Every transition
 // is idempotent by the ids the gateway chose, so a call whose reply did not
 // come — it may or may not have run — is sent again, a bounded number of
 // times within a bounded time. Nothing below the gateway repeats a call:
@@ -69,7 +69,7 @@ func ledgerCall[T any](m *Middleware, ctx context.Context, op string, call func(
 	}
 }
 
-// Never-sent attempts (SPEC section 1, rule 7): an attempt the gateway
+// Never-sent attempts (docs/contract.md, rule 7): an attempt the gateway
 // reserved but never sent, because the ledger stopped answering before the
 // request could be forwarded, is recorded failed as soon as the ledger
 // answers again. Only this instance holds that proof.

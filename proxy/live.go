@@ -7,7 +7,7 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// Joining a live stream (SPEC section 2): a duplicate that arrives while
+// Joining a live stream (docs/contract.md, section 3): a duplicate that arrives while
 // the winning answer streams through this instance gets the status, the
 // stored headers, every byte sent so far and then the rest as it arrives.
 // The bytes are the ones the answer's capture records for the ledger

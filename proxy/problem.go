@@ -8,7 +8,7 @@ import (
 )
 
 // Problem names: each is the last part of a problem type
-// urn:onejob:problem:<name> (SPEC section 2).
+// urn:onejob:problem:<name> (docs/contract.md, section 3).
 const (
 	ProblemKeyMissing        = "key-missing"
 	ProblemKeyInvalid        = "key-invalid"

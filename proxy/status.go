@@ -15,7 +15,7 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// Job status by key (SPEC section 2, "Status"): with Config.StatusPath set,
+// Job status by key (docs/contract.md, section 6): with Config.StatusPath set,
 // GET <StatusPath>/<key> answers the state of the owner's job with that key
 // — never its stored answer, which only a retry replays. The job is looked
 // up by owner and key together (Ledger.Find), so another owner's job is

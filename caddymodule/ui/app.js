@@ -1,5 +1,5 @@
 // The jobs page of the onejob admin API. It only calls, from the same
-// origin, the endpoints documented in the README:
+// origin, the endpoints documented in docs/operations.md:
 //   GET  /idempotency/jobs?state=&provider=&limit=&before=
 //   GET  /idempotency/jobs/<id>
 //   POST /idempotency/jobs/<id>/resolve

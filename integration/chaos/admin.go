@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// adminJob is a job as the admin API shows it (SPEC section 5).
+// adminJob is a job as the admin API shows it (docs/contract.md, section 10).
 type adminJob struct {
 	ID          string  `json:"id"`
 	State       string  `json:"state"`

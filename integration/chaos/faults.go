@@ -305,7 +305,7 @@ func waitRedis(ctx context.Context, url string) error {
 }
 
 // redisDurable turns on the append-only file with an fsync per write in the
-// running server, as the README asks of a Redis ledger, and waits until the
+// running server, as docs/ledgers.md asks of a Redis ledger, and waits until the
 // first rewrite is done.
 func redisDurable(ctx context.Context, url string) error {
 	opt, err := redis.ParseURL(url)

@@ -1,4 +1,5 @@
-// Package fsm holds the job and attempt transitions of SPEC section 1 as pure
+// Package fsm holds the job and attempt transitions of docs/contract.md (sections 1
+// and 2) as pure
 // functions over an in-memory job. Backends that keep whole jobs in one
 // place (memory, file) apply them under their own lock or transaction; the
 // SQL and Lua backends implement the same rules in their own language, and
@@ -65,7 +66,7 @@ func ApplyLeases(j *ledger.Job, now time.Time) int {
 }
 
 // Blocks reports whether an attempt other than except blocks new attempts
-// (SPEC rule 1): it is starting or unknown, or it is lost while no attempt
+// (docs/contract.md, rule 1): it is starting or unknown, or it is lost while no attempt
 // has won (its provider acted and its result was discarded) and no
 // operator settled the job since it started (a cancel, and the re-open it
 // allows, increment the version). A cancelled attempt never blocks.
