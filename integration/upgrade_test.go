@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -114,6 +115,18 @@ func TestRollingUpgrade(t *testing.T) {
 			t.Errorf("%s: the provider saw %s %d times", c.name, c.key, n)
 		}
 	}
+	// A gateway of this release that fingerprints selected members still
+	// fingerprints the old release's job by its whole body, as it was
+	// made: a retry replays, a changed member is another request.
+	sel := strings.Replace(s, "\t\tin_flight wait 5s\n", "\t\tin_flight wait 5s\n\t\tfingerprint json {\n\t\t\texclude /ts\n\t\t}\n", 1)
+	gSel := startGateway(t, b, sel)
+	if r := gSel.post(t, "/charges", "via-old", auth, `{ "amount": 2 }`); r.body != viaOld.body || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the old release's job through a gateway with a selection: %v", r)
+	}
+	if r := gSel.post(t, "/charges", "via-old", auth, `{"amount":2,"ts":1}`); r.status != http.StatusUnprocessableEntity {
+		t.Errorf("the old release's job took a member its fingerprint counted: %v, want 422", r)
+	}
+	gSel.stop()
 	for _, r := range []response{viaNew, viaOld} {
 		if st, atts := jobState(t, b, r.header.Get("Idempotency-Job-Id")); st != "completed" || len(atts) != 1 || atts[0] != "succeeded" {
 			t.Errorf("ledger: job %s attempts %v", st, atts)
