@@ -444,3 +444,70 @@ func TestIdempotencyExpires(t *testing.T) {
 		}
 	})
 }
+
+// TestFleetJoinStreamElsewhere: a duplicate that arrives on instance B
+// while the winning answer streams through instance A waits for the
+// stream's end and replays it, byte for byte; one that would not wait
+// gets 409 at once.
+func TestFleetJoinStreamElsewhere(t *testing.T) { shared(t, testFleetJoinStreamElsewhere) }
+
+func testFleetJoinStreamElsewhere(t *testing.T, b backend) {
+	step := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "id: 0\ndata: event 0 of call %d\n\n", n)
+		w.(http.Flusher).Flush()
+		<-step
+		fmt.Fprint(w, "id: 1\ndata: event 1\n\n")
+	})
+	// Registered after the upstream's, so it runs first: the upstream's
+	// close waits for this handler.
+	t.Cleanup(func() {
+		select {
+		case <-step:
+		default:
+			close(step)
+		}
+	})
+	gs := fleet(t, b, 2, site(up.addr(), "attempt_timeout 5s", "in_flight wait 10s"))
+
+	req, _ := http.NewRequest(http.MethodPost, gs[0].url+"/stream", strings.NewReader(`{"q":"x"}`))
+	req.Header.Set("Idempotency-Key", "elsewhere-1")
+	req.Header.Set("Authorization", auth)
+	req.Header.Set("Content-Type", "application/json")
+	first, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Body.Close()
+	br := bufio.NewReader(first.Body)
+	if head, err := br.ReadString('\n'); err != nil || head != "id: 0\n" {
+		t.Fatalf("first event on A: %q %v", head, err)
+	}
+
+	if r := gs[1].doWith(t, http.MethodPost, "/stream", "elsewhere-1", auth, `{"q":"x"}`, prefer("wait=0")); r.status != http.StatusConflict {
+		t.Errorf("wait=0 on B during the stream: %v", r)
+	}
+	waiter := make(chan response, 1)
+	go func() { waiter <- gs[1].post(t, "/stream", "elsewhere-1", auth, `{"q":"x"}`) }()
+	reserves(t, gs[1], 2)
+	select {
+	case w := <-waiter:
+		t.Fatalf("B answered while A still streamed: %v", w)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(step)
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "id: 0\n" + string(rest)
+	w := <-waiter
+	if w.status != http.StatusOK || w.body != want || w.header.Get("Idempotent-Replayed") != "true" ||
+		w.header.Get("Idempotency-Job-Id") != first.Header.Get("Idempotency-Job-Id") {
+		t.Errorf("B: %v, want %q replayed", w, want)
+	}
+	if c := up.count("elsewhere-1"); c != 1 {
+		t.Errorf("upstream called %d times", c)
+	}
+}

@@ -72,6 +72,13 @@ type Job struct {
 	ReadAt time.Time
 }
 
+// Streaming reports whether j's answer won while it streamed and its body
+// is not saved yet (SaveBody): the answer is still being sent, or its
+// gateway stopped before the end.
+func (j *Job) Streaming() bool {
+	return j.Response != nil && !j.Response.Stored && j.Response.Size < 0
+}
+
 // Expired reports whether the job's retention has passed at now.
 func (j *Job) Expired(now time.Time) bool {
 	return !j.ExpiresAt.IsZero() && !now.Before(j.ExpiresAt)

@@ -92,8 +92,9 @@ type Ledger interface {
 	Jobs(ctx context.Context, q JobQuery) (JobPage, error)
 
 	// Wait blocks until the job is no longer pending (completed, failed or
-	// unknown, including a lease that ran out) or ctx ends, and returns it.
-	// It is woken by a notification, not by polling.
+	// unknown, including a lease that ran out) and an answer that won while
+	// streaming has its body saved, or ctx ends, and returns it. It is
+	// woken by a notification (SaveBody notifies too), not by polling.
 	Wait(ctx context.Context, jobID string) (*Job, error)
 
 	// Sweep records expired leases as unknown and removes up to limit jobs

@@ -6,7 +6,7 @@ import (
 )
 
 // WaitSettled is the loop behind Ledger.Wait: it reads the job until it is
-// no longer pending. read returns the job with leases applied, the ledger's
+// no longer pending and a streamed answer's body is saved. read returns the job with leases applied, the ledger's
 // clock at the read, and a channel that receives (or closes) on the job's
 // next change; the caller subscribes before the first read. Between reads
 // it also wakes when the earliest lease runs out. The job it returns has
@@ -19,7 +19,7 @@ func WaitSettled(ctx context.Context, read func() (*Job, time.Time, <-chan struc
 			return nil, err
 		}
 		j.ReadAt = now
-		if j.State != JobPending {
+		if j.State != JobPending && !j.Streaming() {
 			return j, nil
 		}
 		readAt := time.Now()

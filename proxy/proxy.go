@@ -192,13 +192,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		m.cfg.Observer.Request("replayed")
 		m.replay(w, r, res.Job, res.Now, true)
 	case ledger.InFlight:
-		wait, preferred := preferredWait(r.Header)
-		if preferred {
-			wait = min(wait, m.cfg.MaxWait)
-			w.Header().Set(HeaderPreferenceApplied, appliedWait(wait))
-		} else if !m.cfg.InFlightReject {
-			wait = m.cfg.InFlightWait
-		}
+		wait := m.waitFor(w, r)
 		if wait <= 0 {
 			m.cfg.Observer.Request("rejected")
 			m.inFlight(w, jobID, res.Attempt, res.Now)
@@ -387,23 +381,40 @@ func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replay
 	w.Write(a.Body)
 }
 
-// wouldWait reports whether a duplicate r of an in-flight job would wait
-// for its result rather than be answered 409 at once.
-func (m *Middleware) wouldWait(r *http.Request) bool {
+// waitFor returns how long a duplicate r of an in-flight job waits for its
+// result, 0 for a 409 at once: the client's Prefer: wait, capped by
+// max_wait (and then said in Preference-Applied), else in_flight's.
+func (m *Middleware) waitFor(w http.ResponseWriter, r *http.Request) time.Duration {
 	if wait, ok := preferredWait(r.Header); ok {
-		return wait > 0 && m.cfg.MaxWait > 0
+		wait = min(wait, m.cfg.MaxWait)
+		w.Header().Set(HeaderPreferenceApplied, appliedWait(wait))
+		return wait
 	}
-	return !m.cfg.InFlightReject
+	if m.cfg.InFlightReject {
+		return 0
+	}
+	return m.cfg.InFlightWait
 }
 
 // replay sends a completed job's stored answer, or 409 when it was not
 // stored. now is the ledger's clock when j was read; zero when j was read
-// just now. With join, a duplicate that would wait joins the answer while
-// it still streams through this instance.
+// just now. With join, a duplicate that would wait for an answer still
+// streaming joins it when it streams through this instance, and otherwise
+// waits for its end and replays it.
 func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time, join bool) {
 	setExpires(w.Header(), j.ExpiresAt)
-	if j.Response != nil && !j.Response.Stored && j.Response.Size < 0 && (now.IsZero() || now.Sub(j.CompletedAt) < m.cfg.AttemptDeadline) {
-		if s := m.lives.get(j.ID); join && s != nil && m.wouldWait(r) && m.join(w, r, j, s) {
+	if j.Streaming() && (now.IsZero() || now.Sub(j.CompletedAt) < m.cfg.AttemptDeadline) {
+		var wait time.Duration
+		if join {
+			wait = m.waitFor(w, r)
+		}
+		switch s := m.lives.get(j.ID); {
+		case wait > 0 && s != nil && m.join(w, r, j, s):
+			return
+		case wait > 0 && s == nil:
+			// It streams through another instance: Ledger.Wait ends when
+			// its body is saved.
+			m.wait(w, r, j.ID, wait)
 			return
 		}
 		// The answer won while it was still streaming to its first

@@ -283,9 +283,14 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 	if !stored {
 		body = nil
 	}
-	tag, err := l.pool.Exec(ctx, `UPDATE jobs SET response_body = $3, response_size = $4, response_stored = $5
-		WHERE id = $1 AND completed_by = $2 AND response_status IS NOT NULL`,
-		ref.JobID, ref.AttemptID, body, size, stored)
+	// The waiters are woken (a duplicate on another instance waits for a
+	// streamed answer's end to replay it), in the same statement.
+	tag, err := l.pool.Exec(ctx, `WITH saved AS (
+		UPDATE jobs SET response_body = $3, response_size = $4, response_stored = $5
+		WHERE id = $1 AND completed_by = $2 AND response_status IS NOT NULL
+		RETURNING id)
+		SELECT pg_notify($6, id::text) FROM saved`,
+		ref.JobID, ref.AttemptID, body, size, stored, l.channel)
 	if err != nil {
 		return fmt.Errorf("postgres ledger: save body: %w", err)
 	}

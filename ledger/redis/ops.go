@@ -219,7 +219,7 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 		body = nil
 	}
 	outcome, _, err := l.run(ctx, "save body", scripts.saveBody, []string{l.jobKey(ref.JobID)},
-		ref.AttemptID, body, strconv.FormatInt(size, 10), s)
+		ref.AttemptID, body, strconv.FormatInt(size, 10), s, l.prefix)
 	if err != nil {
 		return err
 	}
