@@ -381,7 +381,7 @@ func TestCLIJSON(t *testing.T) {
 	const id = "01a23742-5c4a-7866-af89-dc2532f13bd1"
 	page := `{"jobs":[` + unknownJobJSON + `,` + hedgedJobJSON + `],"next":"01a23741-576c-797d-af0b-27881c34062a"}`
 	f := newFakeAdmin(t, map[string]cannedAnswer{
-		"GET /idempotency/jobs":                                      {200, "application/json", page},
+		"GET /idempotency/jobs": {200, "application/json", page},
 		"GET /idempotency/jobs/01a23741-576c-797d-af0b-27881c34062a": {200, "application/json", hedgedJobJSON},
 		"POST /idempotency/jobs/" + id + "/resolve":                  {200, "application/json", cancelledJobJSON},
 		"GET /idempotency/jobs/01a23742-0000-7000-8000-000000000000": {404, "application/problem+json", notFoundProblem},
