@@ -458,6 +458,11 @@ func TestBrowserListsUnknownJob(t *testing.T) {
 	if got := p.queuedJobs(); len(got) != 1 || got[0] != ids["order-1003"] {
 		t.Errorf("the queue of unknown jobs: %v, want [%s]", got, ids["order-1003"])
 	}
+	var queue string
+	p.eval(`document.getElementById("queue").textContent`, &queue)
+	if !strings.Contains(queue, "To settle: 1 unknown job") || strings.Contains(queue, "null") || strings.Contains(queue, "undefined") {
+		t.Errorf("the queue reads %q", queue)
+	}
 	var first bool
 	p.eval(`!!(document.getElementById("summary").compareDocumentPosition(document.getElementById("jobs")) & Node.DOCUMENT_POSITION_FOLLOWING)`, &first)
 	if !first {

@@ -354,7 +354,7 @@ function countsTiles(tally, filter) {
 			el("span", {class: "count-n"}, n.toLocaleString("en")),
 			el("span", {class: "count-state"}, state),
 			state === "unknown" ? el("span", {class: "count-note"}, n > 0 ?
-				"oldest " + formatAge(tally.oldest_unknown_age_seconds) + " old" : "nothing to settle") : null);
+				"oldest created " + formatAge(tally.oldest_unknown_age_seconds) + " ago" : "nothing to settle") : null);
 	});
 	const notes = [];
 	if (tally.partial) notes.push(el("p", {class: "muted"}, "Counted so far: the ledger is being counted in steps."));
@@ -384,7 +384,7 @@ function drawQueue(queue, unknown, tally) {
 		el("p", {class: "muted"},
 			"Each blocks its key: the provider may have acted, and no retry runs until someone finds out and cancels or completes it."),
 		queueTable(jobs),
-		unknown.next ? el("p", {}, el("a", {href: jobsHash({state: "unknown", limit: "100"}), id: "queue-all"}, "All unknown jobs »")) : null);
+		...(unknown.next ? [el("p", {}, el("a", {href: jobsHash({state: "unknown", limit: "100"}), id: "queue-all"}, "All unknown jobs »"))] : []));
 }
 
 function queueTable(jobs) {
