@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -243,5 +245,42 @@ func TestSweeperRecordsPass(t *testing.T) {
 	clk.add(time.Minute)
 	if lag := s.sweepLag(); lag > time.Minute {
 		t.Errorf("lag %v a minute after a pass", lag)
+	}
+}
+
+// TestAlertsDocNamesMetrics: every metric docs/alerts.md names is one the
+// gateway exports, and every ledger health metric is in it.
+func TestAlertsDocNamesMetrics(t *testing.T) {
+	raw, err := os.ReadFile("../docs/alerts.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	putKindLedger(t, "alertsdoc", &listening{Ledger: memory.New(), up: true})
+	reg := prometheus.NewPedanticRegistry()
+	if _, err := newMetrics(reg, "srv0"); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, mf := range mfs {
+		exported[mf.GetName()] = true
+	}
+	named := map[string]bool{}
+	for _, name := range regexp.MustCompile(`caddy_idempotency_[a-z_]+`).FindAllString(string(raw), -1) {
+		named[name] = true
+		if !exported[name] {
+			t.Errorf("docs/alerts.md names %s, which the gateway does not export", name)
+		}
+	}
+	for _, name := range []string{
+		"caddy_idempotency_jobs", "caddy_idempotency_oldest_unknown_seconds",
+		"caddy_idempotency_ledger_listener_up", "caddy_idempotency_ledger_sweep_lag_seconds",
+	} {
+		if !named[name] {
+			t.Errorf("docs/alerts.md does not name %s", name)
+		}
 	}
 }
