@@ -10,8 +10,9 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// countsQuery counts the jobs by state in one round trip, each part served
-// by an index of migrations/0001_init.sql:
+// countsQuery counts the jobs by state in one round trip, each part of it
+// one that an index of migrations/0001_init.sql can serve (the planner
+// picks it once the table is large):
 //
 //   - pending and unknown jobs (the few that are not settled) are read
 //     through jobs_state (state, id), leases applied as Jobs applies them
