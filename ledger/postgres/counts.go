@@ -10,22 +10,23 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// countsQuery counts the jobs by state in one round trip, each part of it
-// one that an index of migrations/0001_init.sql can serve (the planner
-// picks it once the table is large):
+// countsQuery counts the jobs by state in one round trip, in three parts,
+// each over an index of migrations/0001_init.sql:
 //
 //   - pending and unknown jobs (the few that are not settled) are read
 //     through jobs_state (state, id), leases applied as Jobs applies them
 //     (effectiveState), with the creation time of the oldest of each;
-//   - completed and failed jobs are counted by state through jobs_state
-//     as well: an index-only scan where the visibility map allows, never a
-//     read of the rows' answers;
+//   - completed and failed jobs are counted by state, never reading their
+//     answers: through jobs_state, or by a sequential scan where the
+//     planner finds it cheaper (when nearly every job is settled); this
+//     part grows with the number of settled jobs, which is why the gateway
+//     runs the query at most every few seconds, however often it is
+//     scraped;
 //   - from those, the jobs whose retention passed and which the sweeper
-//     has not removed yet are taken away, read through jobs_expires_at
-//     (a short range: the sweeper removes them every few seconds).
-//
-// Counting settled jobs still grows with their number; the gateway runs
-// this at most every few seconds, however often it is scraped.
+//     has not removed yet are taken away, read through jobs_expires_at (a
+//     short range: the sweeper removes them every few seconds). The bound
+//     is statement_timestamp(), not the volatile clock_timestamp() the
+//     other reads use, so that the index can serve it.
 const countsQuery = `SELECT s, sum(n)::bigint, min(oldest), clock_timestamp() FROM (
 	SELECT ` + effectiveState + ` AS s, count(*) AS n, min(created_at) AS oldest
 		FROM jobs WHERE state IN ('pending', 'unknown') GROUP BY 1
@@ -33,7 +34,7 @@ const countsQuery = `SELECT s, sum(n)::bigint, min(oldest), clock_timestamp() FR
 	SELECT state, count(*), NULL FROM jobs WHERE state IN ('completed', 'failed') GROUP BY state
 	UNION ALL
 	SELECT state, -count(*), NULL FROM jobs
-		WHERE state IN ('completed', 'failed') AND expires_at <= clock_timestamp() GROUP BY state
+		WHERE state IN ('completed', 'failed') AND expires_at <= statement_timestamp() GROUP BY state
 ) c GROUP BY s`
 
 // Counts implements ledger.Counter.
