@@ -250,12 +250,15 @@ document.documentElement.addEventListener("pointerleave", () => {
 });
 document.addEventListener("visibilitychange", showLive);
 
+// drawnIn holds, for each part of a view, the data it last drew, as JSON.
+const drawnIn = new WeakMap();
+
 // changed reports whether data differs from what slot last drew, and
 // remembers it: a refresh redraws only what changed.
 function changed(slot, data) {
 	const text = JSON.stringify(data);
-	if (slot.dataset.drawn === text) return false;
-	slot.dataset.drawn = text;
+	if (drawnIn.get(slot) === text) return false;
+	drawnIn.set(slot, text);
 	return true;
 }
 
