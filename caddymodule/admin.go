@@ -59,6 +59,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: adminJobsPath, Handler: caddy.AdminHandlerFunc(a.handleJobs)},
 		{Pattern: adminJobsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleJob)},
 		{Pattern: adminProvidersPath, Handler: caddy.AdminHandlerFunc(a.handleProviders)},
+		{Pattern: adminCountsPath, Handler: caddy.AdminHandlerFunc(a.handleCounts)},
 		{Pattern: uiPath, Handler: caddy.AdminHandlerFunc(serveUI)},
 	}
 }
@@ -474,32 +475,11 @@ func stringJSON(s string) *string {
 // release is called, so that a config unloaded meanwhile cannot close one
 // in the middle of a request.
 func (a *adminAPI) openLedgers() (ls []ledger.Ledger, release func()) {
-	var keys []any
-	ledgers.Range(func(key, _ any) bool {
-		keys = append(keys, key)
-		return true
-	})
-	held := make([]any, 0, len(keys))
-	for _, key := range keys {
-		// The ledger may have closed since Range: then take nothing.
-		v, _, err := ledgers.LoadOrNew(key, func() (caddy.Destructor, error) {
-			return nil, errLedgerClosed
-		})
-		if err != nil {
-			continue
-		}
-		held = append(held, key)
-		if s, ok := v.(*shared); ok {
-			ls = append(ls, s)
-		}
+	held, release := holdOpenLedgers(func(err error) { a.log().Error("closing ledger", zap.Error(err)) })
+	for _, s := range held {
+		ls = append(ls, s)
 	}
-	return ls, func() {
-		for _, key := range held {
-			if _, err := ledgers.Delete(key); err != nil {
-				a.log().Error("closing ledger", zap.Error(err))
-			}
-		}
-	}
+	return ls, release
 }
 
 var errLedgerClosed = errors.New("ledger was closed")

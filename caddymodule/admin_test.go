@@ -124,7 +124,7 @@ func putLedger(t *testing.T, l ledger.Ledger) {
 	t.Helper()
 	key := "test\x00" + t.Name() + "\x00" + ledger.NewID()
 	if _, _, err := ledgers.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newShared(l, zap.NewNop()), nil
+		return newShared(key, l, zap.NewNop()), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -731,7 +731,7 @@ func TestAdminHoldsLedgers(t *testing.T) {
 	mem := memory.New()
 	key := "test\x00" + t.Name()
 	if _, _, err := ledgers.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newShared(mem, zap.NewNop()), nil
+		return newShared(key, mem, zap.NewNop()), nil
 	}); err != nil {
 		t.Fatal(err)
 	}

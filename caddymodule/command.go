@@ -27,7 +27,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "idempotency",
-		Usage: "jobs|show|resolve [--address <interface>] [--config <path> [--adapter <name>]]",
+		Usage: "jobs|show|resolve [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
 		Short: "Lists, shows and resolves the idempotency jobs of a running Caddy",
 		Long: `
 Lists, shows and resolves the jobs of the idempotency gateway of a running
@@ -37,6 +37,9 @@ Caddy, through its admin API (the /idempotency endpoints).
   caddy idempotency show <job id>
   caddy idempotency resolve <job id> --cancel
   caddy idempotency resolve <job id> --complete --status N [--body-file F] [--header 'Name: value']...
+
+With --json, each prints the admin API's answer instead of a table: one
+JSON document (a page of jobs, or a job), for scripts.
 
 The admin endpoint is --address if given, else the one of the config in
 --config (with --adapter), else localhost:2019.
@@ -52,6 +55,7 @@ func idempotencyCommand(cmd *cobra.Command) {
 	flags.String("address", "", "The address of the admin endpoint, if not the default")
 	flags.StringP("config", "c", "", "Configuration file to read the admin address from, if --address is not used")
 	flags.StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
+	flags.Bool("json", false, "Print the admin API's JSON answer instead of a table")
 
 	jobs := &cobra.Command{
 		Use:   "jobs",
@@ -70,6 +74,9 @@ func idempotencyCommand(cmd *cobra.Command) {
 			path := adminJobsPath
 			if len(q) > 0 {
 				path += "?" + q.Encode()
+			}
+			if wantJSON(cmd) {
+				return c.printJSON(ctx, cmd.OutOrStdout(), http.MethodGet, path, nil)
 			}
 			var page jobPage
 			if err := c.call(ctx, http.MethodGet, path, nil, &page); err != nil {
@@ -92,8 +99,12 @@ func idempotencyCommand(cmd *cobra.Command) {
 		Short: "Shows a job and its attempts",
 		Args:  cobra.ExactArgs(1),
 		RunE: cliRun(func(ctx context.Context, c *adminClient, cmd *cobra.Command, args []string) error {
+			path := adminJobsPath + "/" + url.PathEscape(args[0])
+			if wantJSON(cmd) {
+				return c.printJSON(ctx, cmd.OutOrStdout(), http.MethodGet, path, nil)
+			}
 			var j jobJSON
-			if err := c.call(ctx, http.MethodGet, adminJobsPath+"/"+url.PathEscape(args[0]), nil, &j); err != nil {
+			if err := c.call(ctx, http.MethodGet, path, nil, &j); err != nil {
 				return err
 			}
 			printJob(cmd.OutOrStdout(), j)
@@ -110,8 +121,12 @@ func idempotencyCommand(cmd *cobra.Command) {
 			if err != nil {
 				return err
 			}
+			path := adminJobsPath + "/" + url.PathEscape(args[0]) + "/resolve"
+			if wantJSON(cmd) {
+				return c.printJSON(ctx, cmd.OutOrStdout(), http.MethodPost, path, req)
+			}
 			var j jobJSON
-			if err := c.call(ctx, http.MethodPost, adminJobsPath+"/"+url.PathEscape(args[0])+"/resolve", req, &j); err != nil {
+			if err := c.call(ctx, http.MethodPost, path, req, &j); err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
@@ -303,6 +318,30 @@ func (c *adminClient) call(ctx context.Context, method, path string, body, out a
 		return fmt.Errorf("the admin endpoint's answer is not what was expected (%v): %.200s", err, data)
 	}
 	return nil
+}
+
+// printJSON calls the admin API and writes its JSON answer to w as it came,
+// indented, as one document ending in a newline: the fields and their
+// order are the admin API's (see admin.go), so a script reads the same
+// document the API documents. An error answer is an error, as for call.
+func (c *adminClient) printJSON(ctx context.Context, w io.Writer, method, path string, body any) error {
+	var raw json.RawMessage
+	if err := c.call(ctx, method, path, body, &raw); err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, raw, "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err := out.WriteTo(w)
+	return err
+}
+
+// wantJSON reports whether --json was given.
+func wantJSON(cmd *cobra.Command) bool {
+	v, _ := cmd.Flags().GetBool("json")
+	return v
 }
 
 // adminError is an error answer of the admin endpoint.

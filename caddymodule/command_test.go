@@ -349,3 +349,69 @@ func TestCLIRegistered(t *testing.T) {
 		t.Errorf("subcommands: %v", names)
 	}
 }
+
+// sameJSON reports whether got is exactly one JSON document whose compact
+// form is want's: the admin API's fields, in its order.
+func sameJSON(t *testing.T, got, want string) {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(got))
+	var doc json.RawMessage
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, got)
+	}
+	if dec.More() || !strings.HasSuffix(got, "}\n") {
+		t.Errorf("output is not one document ending in a newline:\n%q", got)
+	}
+	var g, w bytes.Buffer
+	if err := json.Compact(&g, doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Compact(&w, []byte(want)); err != nil {
+		t.Fatal(err)
+	}
+	if g.String() != w.String() {
+		t.Errorf("output\n%s\nwant\n%s", g.String(), w.String())
+	}
+}
+
+// TestCLIJSON: with --json, jobs, show and resolve print the admin API's
+// answer as one JSON document and nothing else; errors stay one line on
+// standard error.
+func TestCLIJSON(t *testing.T) {
+	const id = "01a23742-5c4a-7866-af89-dc2532f13bd1"
+	page := `{"jobs":[` + unknownJobJSON + `,` + hedgedJobJSON + `],"next":"01a23741-576c-797d-af0b-27881c34062a"}`
+	f := newFakeAdmin(t, map[string]cannedAnswer{
+		"GET /idempotency/jobs": {200, "application/json", page},
+		"GET /idempotency/jobs/01a23741-576c-797d-af0b-27881c34062a": {200, "application/json", hedgedJobJSON},
+		"POST /idempotency/jobs/" + id + "/resolve":                  {200, "application/json", cancelledJobJSON},
+		"GET /idempotency/jobs/01a23742-0000-7000-8000-000000000000": {404, "application/problem+json", notFoundProblem},
+	})
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"jobs", []string{"jobs", "--json", "--state", "unknown"}, page},
+		{"show", []string{"show", "--json", "01a23741-576c-797d-af0b-27881c34062a"}, hedgedJobJSON},
+		{"resolve", []string{"resolve", id, "--cancel", "--json"}, cancelledJobJSON},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, err := runCLI(t, "", append(tc.args, "--address", f.addr())...)
+			if err != nil || errOut != "" {
+				t.Fatalf("%v: %v, stderr %q", tc.args, err, errOut)
+			}
+			sameJSON(t, out, tc.want)
+		})
+	}
+	f.mu.Lock()
+	reqs := f.requests
+	f.mu.Unlock()
+	if len(reqs) != 3 || reqs[0].query != "state=unknown" || reqs[2].body != `{"outcome":"cancel"}` {
+		t.Errorf("requests: %+v", reqs)
+	}
+
+	out, errOut, err := runCLI(t, "", "show", "--json", "01a23742-0000-7000-8000-000000000000", "--address", f.addr())
+	if err == nil || out != "" || !strings.HasPrefix(errOut, "Job not found: No open ledger holds job") {
+		t.Errorf("show --json of a missing job: %v, stdout %q, stderr %q", err, out, errOut)
+	}
+}

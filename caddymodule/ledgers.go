@@ -73,16 +73,20 @@ var sweepEvery = 10 * time.Second
 
 const sweepBatch = 1000
 
-// shared is one open ledger in the pool, with its sweeper.
+// shared is one open ledger in the pool, with its sweeper and what the
+// ledger's health metrics read (health.go).
 type shared struct {
 	ledger.Ledger
 	stop context.CancelFunc
 	done chan struct{}
+
+	health
 }
 
-func newShared(l ledger.Ledger, log *zap.Logger) *shared {
+// newShared starts the sweeper of l, the ledger the pool holds under key.
+func newShared(key string, l ledger.Ledger, log *zap.Logger) *shared {
 	ctx, stop := context.WithCancel(context.Background())
-	s := &shared{Ledger: l, stop: stop, done: make(chan struct{})}
+	s := &shared{Ledger: l, stop: stop, done: make(chan struct{}), health: newHealth(key)}
 	go s.sweep(ctx, log, sweepEvery)
 	return s
 }
@@ -111,6 +115,7 @@ func (s *shared) sweep(ctx context.Context, log *zap.Logger, every time.Duration
 				log.Info("ledger swept", zap.Int("leases_expired", st.Unknown), zap.Int("jobs_removed", st.Removed))
 			}
 			if st.Removed < sweepBatch {
+				s.swept() // a whole pass: nothing due is left
 				break
 			}
 		}
@@ -147,7 +152,7 @@ func (h *LedgerHolder) Open(ctx caddy.Context, key string, open func() (ledger.L
 		if err != nil {
 			return nil, err
 		}
-		return newShared(l, log), nil
+		return newShared(key, l, log), nil
 	})
 	if err != nil {
 		return err

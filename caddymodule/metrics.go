@@ -13,8 +13,9 @@ import (
 // metrics are the gateway's Prometheus collectors (docs/contract.md, section
 // 10; the list in docs/operations.md), as one
 // handler counts into them. Labels are bounded: outcomes, the scopes of the
-// configured handlers, providers named in the config, attempt results and
-// ledger operations; never a key or an owner.
+// configured handlers, providers named in the config, attempt results,
+// ledger operations, ledger modules and job states; never a key, an owner
+// or a store's address.
 type metrics struct {
 	// scope is the handler's: the provider metrics carry it, so that
 	// providers of the same name in two handlers are two series.
@@ -75,6 +76,8 @@ func newMetrics(reg prometheus.Registerer, scope string) (*metrics, error) {
 	m.probeOK = register(&r, prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("probe_ok",
 		"1 when the provider's latest probe passed the contract, 0 when it failed, by handler scope and provider.")),
 		[]string{"scope", "provider"}))
+	// The open ledgers' jobs and health (health.go), read at each scrape.
+	register(&r, newLedgerCollector())
 	if r.err != nil {
 		return nil, r.err
 	}

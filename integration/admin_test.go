@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -231,9 +233,33 @@ func TestMetrics(t *testing.T) {
 		`caddy_idempotency_in_flight 1`, // the slow attempt still runs
 		`caddy_idempotency_ledger_seconds_count{operation="reserve"} 9`,
 		`caddy_idempotency_ledger_seconds_count{operation="mark_unknown"} 1`,
+		// The ledger's jobs by state (m-1, m-2 and m-4 completed, m-5
+		// unknown), and its listener, connected since m-4's duplicate
+		// waited.
+		`caddy_idempotency_jobs{ledger="postgres",state="unknown"} 1`,
+		`caddy_idempotency_jobs{ledger="postgres",state="completed"} 3`,
+		`caddy_idempotency_jobs{ledger="postgres",state="pending"} 0`,
+		`caddy_idempotency_jobs{ledger="postgres",state="failed"} 0`,
+		`caddy_idempotency_ledger_listener_up{ledger="postgres"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
+		}
+	}
+	for _, gauge := range []struct {
+		name     string
+		min, max float64
+	}{
+		{`caddy_idempotency_oldest_unknown_seconds{ledger="postgres"}`, 0.001, 60},
+		{`caddy_idempotency_ledger_sweep_lag_seconds{ledger="postgres"}`, 0, 60},
+	} {
+		m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(gauge.name) + ` (\S+)$`).FindStringSubmatch(body)
+		if m == nil {
+			t.Errorf("metrics lack %s", gauge.name)
+			continue
+		}
+		if v, err := strconv.ParseFloat(m[1], 64); err != nil || v < gauge.min || v > gauge.max {
+			t.Errorf("%s = %s, want from %g to %g", gauge.name, m[1], gauge.min, gauge.max)
 		}
 	}
 	if strings.Contains(body, "m-1") || strings.Contains(body, "alice") {

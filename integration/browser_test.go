@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 )
@@ -263,6 +264,103 @@ func (p *browserPage) listedJobs() []listedJob {
 	return jobs
 }
 
+// countsJS reads the page's counts by state, in the order shown:
+// "unknown=1 pending=0 failed=1 completed=2".
+const countsJS = `[...document.querySelectorAll("#counts .count")].map((a) => a.dataset.state + "=" + a.dataset.count).join(" ")`
+
+// queuedJobs returns the ids of the jobs in the queue of unknown jobs.
+func (p *browserPage) queuedJobs() []string {
+	p.t.Helper()
+	var ids []string
+	p.eval(`document.getElementById("queue").hidden ? [] : [...document.querySelectorAll("#queue-jobs tbody tr")].map((tr) => tr.dataset.job)`, &ids)
+	return ids
+}
+
+// pointAt moves the mouse pointer over the middle of the element css
+// selects, or to the page's top left corner when css is empty.
+func (p *browserPage) pointAt(css string) {
+	p.t.Helper()
+	at := struct {
+		Found bool
+		X, Y  float64
+	}{true, 2, 2}
+	if css != "" {
+		p.eval(fmt.Sprintf(`(() => {
+			const el = document.querySelector(%q);
+			if (!el) return {Found: false};
+			const box = el.getBoundingClientRect();
+			return {Found: true, X: box.left + box.width / 2, Y: box.top + box.height / 2};
+		})()`, css), &at)
+	}
+	if !at.Found {
+		p.t.Fatalf("nothing to point at at %s", css)
+	}
+	p.do(chromedp.MouseEvent(input.DispatchMouseEventTypeMouseMoved, at.X, at.Y))
+}
+
+// TestBrowserLiveRefresh: the page refreshes itself. A job an operator
+// cancels through the admin API changes state on the page, and the counts
+// by state with it, without a reload; while the pointer rests on the job's
+// row the page holds still, and says so.
+func TestBrowserLiveRefresh(t *testing.T) {
+	b := pgBackend(t)
+	release := make(chan struct{})
+	defer close(release)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if r.Header.Get("Idempotency-Key") == "order-1" {
+			<-release // past attempt_timeout: unknown
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"order":"created"}`)
+	})
+	g := startBrowsableGateway(t, b, site(up.addr()))
+	stuck := g.post(t, "/orders", "order-1", auth, `{"sku":"A-1"}`)
+	if stuck.status != http.StatusGatewayTimeout {
+		t.Fatalf("order-1: %v", stuck)
+	}
+	if r := g.post(t, "/orders", "order-2", auth, `{"sku":"B-2"}`); r.status != http.StatusOK {
+		t.Fatalf("order-2: %v", r)
+	}
+	id := stuck.header.Get("Idempotency-Job-Id")
+	row := `#jobs tr[data-job="` + id + `"]`
+
+	p := openJobsPage(t, g)
+	p.do(chromedp.Evaluate[chromedp.Void](`window.sameDocument = true`))
+	p.waitUntil("the counts are shown", countsJS+` === "unknown=1 pending=0 failed=0 completed=1"`)
+	p.waitUntil("the page is live", `document.getElementById("live").dataset.live === "on"`)
+	if got := p.queuedJobs(); len(got) != 1 || got[0] != id {
+		t.Errorf("the queue of unknown jobs: %v, want [%s]", got, id)
+	}
+	p.screenshot("live.png")
+
+	// The pointer on the job's row: the page pauses, and stays as it was
+	// while the job changes, for two refreshes and more.
+	p.pointAt(row)
+	p.waitUntil("the page says it paused", `document.getElementById("live").dataset.live === "paused"`)
+	var skipped int
+	p.eval(`Number(document.getElementById("live").dataset.skipped)`, &skipped)
+	if status, body := g.adminCall(t, http.MethodPost, "/idempotency/jobs/"+id+"/resolve", `{"outcome":"cancel"}`); status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", status, body)
+	}
+	p.waitUntil("two refreshes are skipped", fmt.Sprintf(`Number(document.getElementById("live").dataset.skipped) >= %d`, skipped+2))
+	var state string
+	p.eval(`document.querySelector('`+row+`').dataset.state`, &state)
+	if state != "unknown" {
+		t.Errorf("the row changed to %s under the pointer", state)
+	}
+
+	// The pointer leaves: the page catches up by itself.
+	p.pointAt("")
+	p.waitUntil("the job is failed on the page", `document.querySelector('`+row+`').dataset.state === "failed" && document.querySelector('`+row+`').cells[1].textContent === "failed"`)
+	p.waitUntil("the counts follow", countsJS+` === "unknown=0 pending=0 failed=1 completed=1"`)
+	p.waitUntil("the queue is empty", `document.getElementById("queue").hidden`)
+	var same bool
+	p.eval(`window.sameDocument === true && document.getElementById("live").dataset.live === "on"`, &same)
+	if !same {
+		t.Error("the page was reloaded, or is not live")
+	}
+}
+
 // threeProviders is a site whose gateway has a primary, a fallback and a
 // backup provider, each probed once at start.
 func threeProviders(primary, fallback, backup string) string {
@@ -353,6 +451,22 @@ func TestBrowserListsUnknownJob(t *testing.T) {
 	}
 	if got := p.listedJobs(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("listed jobs, newest first:\n got %v\nwant %v", got, want)
+	}
+	// The page opens with the counts by state, unknown first, and the
+	// queue of unknown jobs to settle.
+	p.waitUntil("the counts are shown", countsJS+` === "unknown=1 pending=0 failed=1 completed=2"`)
+	if got := p.queuedJobs(); len(got) != 1 || got[0] != ids["order-1003"] {
+		t.Errorf("the queue of unknown jobs: %v, want [%s]", got, ids["order-1003"])
+	}
+	var queue string
+	p.eval(`document.getElementById("queue").textContent`, &queue)
+	if !strings.Contains(queue, "To settle: 1 unknown job") || strings.Contains(queue, "null") || strings.Contains(queue, "undefined") {
+		t.Errorf("the queue reads %q", queue)
+	}
+	var first bool
+	p.eval(`!!(document.getElementById("summary").compareDocumentPosition(document.getElementById("jobs")) & Node.DOCUMENT_POSITION_FOLLOWING)`, &first)
+	if !first {
+		t.Error("the counts do not come before the jobs")
 	}
 	p.waitUntil("the probes are shown", `document.querySelectorAll("#providers tbody tr").length === 3`)
 	var probes map[string]string

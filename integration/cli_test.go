@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -95,6 +96,23 @@ func TestCLIListsAndCancels(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "State         unknown (version 1)") ||
 		!strings.Contains(strings.Join(strings.Fields(out), " "), "1 "+g.job(t, stuckID).Attempts[0].ID+" next unknown +0s") {
 		t.Errorf("show: exit %d\n%s%s", code, out, errOut)
+	}
+
+	// --json prints the admin API's answer, for scripts.
+	out, errOut, code = cli(t, g, "jobs", "--json", "--state", "unknown", "--address", g.admin)
+	var page struct {
+		Jobs []adminJob `json:"jobs"`
+		Next *string    `json:"next"`
+	}
+	if err := json.Unmarshal([]byte(out), &page); code != 0 || errOut != "" || err != nil ||
+		len(page.Jobs) != 1 || page.Jobs[0].ID != stuckID || page.Jobs[0].State != "unknown" || page.Next != nil {
+		t.Errorf("jobs --json: exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	out, errOut, code = cli(t, g, "show", "--json", doneID, "--address", g.admin)
+	var shown adminJob
+	if err := json.Unmarshal([]byte(out), &shown); code != 0 || errOut != "" || err != nil ||
+		shown.ID != doneID || shown.State != "completed" || len(shown.Attempts) != 1 || shown.Response == nil || !shown.Response.Stored {
+		t.Errorf("show --json: exit %d, %v\n%s%s", code, err, out, errOut)
 	}
 
 	out, errOut, code = cli(t, g, "resolve", stuckID, "--cancel", "--address", g.admin)

@@ -4,12 +4,17 @@
 //   GET  /idempotency/jobs/<id>
 //   POST /idempotency/jobs/<id>/resolve
 //   GET  /idempotency/providers
+//   GET  /idempotency/counts
 // Views are chosen by the URL fragment: "#/?state=unknown" lists jobs,
 // "#/job/<id>" shows one.
 "use strict";
 
 const API = "/idempotency";
 const JOB_STATES = ["pending", "unknown", "completed", "failed"];
+// COUNTED_STATES are the states the counts show, the one to act on first.
+const COUNTED_STATES = ["unknown", "pending", "failed", "completed"];
+// QUEUE_SIZE is how many unknown jobs the queue at the top lists.
+const QUEUE_SIZE = 10;
 
 // --- small helpers ----------------------------------------------------------
 
@@ -128,15 +133,152 @@ function attemptName(a) {
 	return "#" + a.number + " " + a.provider;
 }
 
+// --- staying live -------------------------------------------------------------
+
+// The page refreshes itself by polling the admin API it already calls,
+// every REFRESH_MS, rather than by a stream of server-sent events: the
+// jobs of the file and memory ledgers change without any notification to
+// stream, Caddy's admin endpoint is restarted on config changes (a stream
+// would break with it, and would have to be re-opened and re-read anyway),
+// and a poll needs no long-lived connection on the admin endpoint nor
+// anything that survives an error: the next poll is the retry. The server
+// counts jobs at most every few seconds however many pages poll it.
+const REFRESH_MS = 2000;
+
+// live is the state of the refreshing: the current view's refresh, and why
+// it may be paused. A view redraws only what changed, and never while the
+// pointer rests on a row of a table (a person reading or about to click
+// it) or while the resolve form is being filled in.
+const live = {
+	view: 0,          // incremented by every route: a late answer for an old view is dropped
+	refresh: null,    // the current view's refresh
+	timer: null,
+	overRow: false,   // the pointer is over a row of a table
+	failed: null,     // the last refresh's error message, or null
+	refreshes: 0,     // refreshes done, for the curious (and the tests)
+	skipped: 0,       // refreshes skipped while paused
+	updated: null,    // when the page last had fresh data
+};
+
+// follow makes refresh the current view's refresh, from now on.
+function follow(view, refresh) {
+	if (view !== live.view) return;
+	live.refresh = refresh;
+	live.failed = null;
+	live.updated = new Date();
+	schedule();
+}
+
+function schedule() {
+	clearTimeout(live.timer);
+	live.timer = setTimeout(tick, REFRESH_MS);
+	showLive();
+}
+
+async function tick() {
+	const refresh = live.refresh;
+	if (!refresh) return;
+	if (paused() || document.hidden) {
+		live.skipped++;
+		schedule();
+		return;
+	}
+	try {
+		await refresh();
+		live.failed = null;
+		live.refreshes++;
+		live.updated = new Date();
+	} catch (err) {
+		live.failed = err.message;
+	}
+	if (refresh === live.refresh) schedule();
+}
+
+// paused says why the page does not redraw now, or "".
+function paused() {
+	if (live.overRow) return "the pointer is on a row";
+	if (editing()) return "a resolution is being written";
+	return "";
+}
+
+// editing reports whether the operator is in the middle of resolving a job:
+// a confirmation asked, or the answer's fields touched.
+function editing() {
+	const confirm = document.getElementById("confirm");
+	if (confirm && !confirm.hidden) return true;
+	const form = document.getElementById("complete-form");
+	if (!form) return false;
+	return form.contains(document.activeElement) ||
+		[...form.elements].some((f) => "defaultValue" in f && f.value !== f.defaultValue);
+}
+
+// showLive draws the live state in the top bar: live, paused, or failing.
+function showLive() {
+	const box = document.getElementById("live");
+	if (!box) return;
+	const why = paused();
+	const state = !live.refresh ? "off" : live.failed ? "failing" : why ? "paused" : "on";
+	const at = live.updated ? formatClock(live.updated) : "—";
+	const text = {on: "Live", paused: "Paused", failing: "Reconnecting", off: "Not live"}[state];
+	box.dataset.live = state;
+	box.dataset.refreshes = live.refreshes;
+	box.dataset.skipped = live.skipped;
+	box.replaceChildren(el("span", {class: "live-dot", "aria-hidden": "true"}), text);
+	box.title = state === "on" ? "Refreshes every " + REFRESH_MS / 1000 + " s; updated " + at :
+		state === "paused" ? "Not refreshing while " + why + "; updated " + at :
+		state === "failing" ? "The last refresh failed (" + live.failed + "); trying again every " + REFRESH_MS / 1000 + " s; updated " + at :
+		"";
+}
+
+// formatClock shows a local time of day: "14:03:07".
+function formatClock(d) {
+	return pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+}
+
+// The pointer on a row of any table pauses the refreshing; leaving it, or
+// the page, resumes it.
+document.addEventListener("pointerover", (ev) => {
+	const over = !!(ev.target instanceof Element && ev.target.closest("tbody tr"));
+	if (over !== live.overRow) {
+		live.overRow = over;
+		showLive();
+	}
+});
+document.documentElement.addEventListener("pointerleave", () => {
+	live.overRow = false;
+	showLive();
+});
+document.addEventListener("visibilitychange", showLive);
+
+// drawnIn holds, for each part of a view, the data it last drew, as JSON.
+const drawnIn = new WeakMap();
+
+// changed reports whether data differs from what slot last drew, and
+// remembers it: a refresh redraws only what changed.
+function changed(slot, data) {
+	const text = JSON.stringify(data);
+	if (drawnIn.get(slot) === text) return false;
+	drawnIn.set(slot, text);
+	return true;
+}
+
 // --- routing ----------------------------------------------------------------
 
 function route() {
 	alertMessage("");
+	const view = ++live.view;
+	live.refresh = null;
+	clearTimeout(live.timer);
+	showLive();
 	const hash = location.hash.replace(/^#/, "") || "/";
 	const [path, query] = hash.split("?");
 	const job = /^\/job\/([0-9a-fA-F-]+)$/.exec(path);
-	const view = job ? showJob(job[1]) : showJobs(new URLSearchParams(query || ""));
-	view.catch((err) => alertMessage(err.message));
+	const shown = job ? showJob(view, job[1]) : showJobs(view, new URLSearchParams(query || ""));
+	shown.catch((err) => {
+		alertMessage(err.message);
+		// Keep trying: the view appears once the admin API answers.
+		if (view === live.view) follow(view, () => (view === live.view ? route() : null));
+	});
 }
 
 function jobsHash(params) {
@@ -150,7 +292,10 @@ function jobsHash(params) {
 
 // --- the jobs list and the providers -----------------------------------------
 
-async function showJobs(query) {
+// showJobs lists jobs: first the counts by state and the queue of unknown
+// jobs (the ones a person must settle), then the jobs the filter selects,
+// then the providers. Each refresh redraws only the parts that changed.
+async function showJobs(view, query) {
 	const filter = {
 		state: query.get("state") || "",
 		provider: query.get("provider") || "",
@@ -161,17 +306,104 @@ async function showJobs(query) {
 	if (filter.state) q.set("state", filter.state);
 	if (filter.provider) q.set("provider", filter.provider);
 	if (filter.before) q.set("before", filter.before);
-	const [page, providers] = await Promise.all([
+	// The queue shows on the unfiltered first page, where the page opens.
+	const withQueue = !filter.state && !filter.provider && !filter.before;
+	const load = () => Promise.all([
 		api("GET", "/jobs?" + q.toString()),
 		api("GET", "/providers").catch((err) => ({error: err.message})),
+		api("GET", "/counts").catch((err) => ({error: err.message})),
+		withQueue ? api("GET", "/jobs?state=unknown&limit=" + QUEUE_SIZE) : null,
 	]);
+	const first = await load();
+	if (view !== live.view) return;
+
+	const counts = el("div", {class: "counts", id: "counts"});
+	const queue = el("section", {class: "panel queue", id: "queue", hidden: true});
+	const list = el("div", {class: "list"});
+	const providers = el("div", {id: "providers-slot"});
+	const draw = ([page, probes, tally, unknown]) => {
+		if (changed(counts, tally)) counts.replaceChildren(...countsTiles(tally, filter));
+		if (changed(queue, unknown)) drawQueue(queue, unknown, tally);
+		if (changed(list, page)) list.replaceChildren(jobsTable(page.jobs, filter), pager(page, filter));
+		if (changed(providers, probes)) providers.replaceChildren(providersPanel(probes));
+	};
 	show(
+		el("section", {class: "panel", id: "summary"}, el("h1", {}, "Jobs"), counts),
+		queue,
 		el("section", {class: "panel"},
-			el("h1", {}, "Jobs"),
-			filterForm(filter, providers.providers || []),
-			jobsTable(page.jobs, filter),
-			pager(page, filter)),
-		providersPanel(providers));
+			el("h2", {}, filter.state || filter.provider ? "Jobs matching the filter" : "All jobs"),
+			filterForm(filter, first[1].providers || []),
+			list),
+		providers);
+	draw(first);
+	follow(view, async () => {
+		const next = await load();
+		if (view === live.view) draw(next);
+	});
+}
+
+// countsTiles draws the jobs by state, unknown first: each tile lists the
+// jobs of its state.
+function countsTiles(tally, filter) {
+	if (tally.error) return [el("p", {class: "error", id: "counts-error"}, "Counts unavailable: " + tally.error)];
+	const tiles = COUNTED_STATES.map((state) => {
+		const n = tally.counts[state];
+		const attrs = {
+			href: jobsHash({state, limit: filter.limit}),
+			class: "count count-" + state + (state === "unknown" && n > 0 ? " act" : "") + (filter.state === state ? " current" : ""),
+			dataset: {state, count: n},
+		};
+		return el("a", attrs,
+			el("span", {class: "count-n"}, n.toLocaleString("en")),
+			el("span", {class: "count-state"}, state),
+			state === "unknown" ? el("span", {class: "count-note"}, n > 0 ?
+				"oldest created " + formatAge(tally.oldest_unknown_age_seconds) + " ago" : "nothing to settle") : null);
+	});
+	const notes = [];
+	if (tally.partial) notes.push(el("p", {class: "muted"}, "Counted so far: the ledger is being counted in steps."));
+	return [...tiles, ...notes];
+}
+
+// formatAge shows a number of seconds the way a person reads an age.
+function formatAge(seconds) {
+	if (seconds < 60) return Math.floor(seconds) + " s";
+	if (seconds < 3600) return Math.floor(seconds / 60) + " min";
+	if (seconds < 172800) return Math.floor(seconds / 3600) + " h " + Math.floor((seconds % 3600) / 60) + " min";
+	return Math.floor(seconds / 86400) + " days";
+}
+
+// drawQueue fills the queue of unknown jobs: the jobs whose outcome is
+// unknown block their key until someone settles them.
+function drawQueue(queue, unknown, tally) {
+	const jobs = unknown && unknown.jobs ? unknown.jobs : [];
+	queue.hidden = jobs.length === 0;
+	if (queue.hidden) {
+		queue.replaceChildren();
+		return;
+	}
+	const total = tally && tally.counts ? tally.counts.unknown : jobs.length;
+	queue.replaceChildren(
+		el("h2", {}, "To settle: ", jobs.length === 1 ? "1 unknown job" : Math.max(total, jobs.length) + " unknown jobs"),
+		el("p", {class: "muted"},
+			"Each blocks its key: the provider may have acted, and no retry runs until someone finds out and cancels or completes it."),
+		queueTable(jobs),
+		...(unknown.next ? [el("p", {}, el("a", {href: jobsHash({state: "unknown", limit: "100"}), id: "queue-all"}, "All unknown jobs »"))] : []));
+}
+
+function queueTable(jobs) {
+	return el("table", {class: "jobs", id: "queue-jobs"},
+		el("thead", {}, el("tr", {},
+			el("th", {}, "Job"), el("th", {}, "Provider"), el("th", {class: "num"}, "Attempts"),
+			el("th", {}, "Created (UTC)"), el("th", {}, "Why"))),
+		el("tbody", {}, jobs.map((job) => {
+			const last = lastAttempt(job);
+			return el("tr", {dataset: {job: job.id, state: job.state}},
+				el("td", {class: "mono"}, el("a", {href: "#/job/" + job.id, class: "job-link"}, job.id)),
+				el("td", {}, last ? last.provider : "—"),
+				el("td", {class: "num"}, job.attempts ? job.attempts.length : 0),
+				el("td", {class: "time", title: job.created_at || ""}, formatTime(job.created_at)),
+				el("td", {class: "error"}, last && last.error ? last.error : ""));
+		})));
 }
 
 function filterForm(filter, providers) {
@@ -191,7 +423,7 @@ function filterForm(filter, providers) {
 		el("datalist", {id: "provider-names"}, [...names].map((n) => el("option", {value: n}))),
 		el("label", {}, limit),
 		el("button", {type: "submit"}, "Show"),
-		el("button", {type: "button", class: "quiet", onclick: () => route()}, "Refresh"));
+		el("button", {type: "button", class: "quiet", id: "refresh", onclick: () => route()}, "Refresh"));
 	form.addEventListener("submit", (ev) => {
 		ev.preventDefault();
 		location.hash = jobsHash({state: state.value, provider: provider.value.trim(), limit: limit.value});
@@ -267,12 +499,26 @@ function providersPanel(data) {
 
 // --- one job ------------------------------------------------------------------
 
-async function showJob(id) {
-	const job = await api("GET", "/jobs/" + encodeURIComponent(id));
+// showJob shows one job; each refresh redraws it when it changed, unless
+// its resolution is being written.
+async function showJob(view, id) {
+	const load = () => api("GET", "/jobs/" + encodeURIComponent(id));
+	const job = await load();
+	if (view !== live.view) return;
 	renderJob(job);
+	follow(view, async () => {
+		const next = await load();
+		if (view !== live.view || JSON.stringify(next) === drawnJob || editing()) return;
+		renderJob(next);
+	});
 }
 
+// drawnJob is the job the page shows, as JSON: a refresh that reads the
+// same leaves the page (and a notice on it) as it is.
+let drawnJob = null;
+
 function renderJob(job, notice) {
+	drawnJob = JSON.stringify(job);
 	const won = winner(job);
 	const response = job.response;
 	const fields = [
@@ -507,5 +753,6 @@ function base64(bytes) {
 // --- start -------------------------------------------------------------------
 
 document.getElementById("endpoint").textContent = location.host;
+showLive();
 window.addEventListener("hashchange", route);
 route();

@@ -30,6 +30,8 @@ type Ledger struct {
 	listen *ledger.Subscriber
 	// replays holds completed jobs read lately.
 	replays *near.Cache
+	// counts is the walk of Counts (counts.go).
+	counts countWalk
 }
 
 // Open connects to the Redis server at url (redis://, rediss:// or
