@@ -330,7 +330,8 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	case lastUnknown != nil:
 		rn.decide(final{verdict: fallback.Unknown, reason: lastUnknown.reason, status: lastUnknown.status, contract: lastUnknown.contract})
 	case lastFailure != nil:
-		out := final{verdict: fallback.Failed, reason: lastFailure.reason, contract: lastFailure.contract}
+		out := final{verdict: fallback.Failed, reason: lastFailure.reason, contract: lastFailure.contract,
+			expires: m.failedExpiry(lastFailure.att.JobID)}
 		if lastFailure.answer != nil && lastFailure.answer.Status != 0 && !lastFailure.contract {
 			out.answer = lastFailure.answer
 		}

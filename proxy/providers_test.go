@@ -201,7 +201,13 @@ func TestFailoverOnConnectError(t *testing.T) {
 		rec := h.do(post("k", `{}`))
 		prob := wantProblem(t, rec, http.StatusBadGateway, ProblemAllFailed)
 		h.waitRun()
-		wantJob(t, h.job(prob.JobID), ledger.JobFailed, "primary/failed")
+		j := h.job(prob.JobID)
+		wantJob(t, j, ledger.JobFailed, "primary/failed")
+		// The job is settled: the answer says when its key stops being one
+		// intent, by the ledger's clock.
+		if got, want := rec.Header().Get(HeaderExpires), j.ExpiresAt.UTC().Format(http.TimeFormat); j.ExpiresAt.IsZero() || got != want {
+			t.Errorf("%s %q, want %q", HeaderExpires, got, want)
+		}
 		if f.calls() != 0 {
 			t.Errorf("fallback called %d times", f.calls())
 		}

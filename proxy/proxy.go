@@ -329,6 +329,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 			withDetail("The job was settled otherwise while this attempt ran; its result was discarded.").
 			withJob(jobID).Write(w)
 	case fallback.Failed:
+		setExpires(w.Header(), out.expires)
 		if out.answer != nil {
 			writeAnswer(w, out.answer, jobID, false)
 			return
@@ -540,6 +541,20 @@ func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAt
 		return nil, err
 	}
 	return a, nil
+}
+
+// failedExpiry returns when a job whose every attempt failed expires, so
+// that the client's answer can say it (Idempotency-Expires): one read,
+// made only on this path, and bounded, since the header only informs.
+// It is zero when the job is not failed by now or cannot be read.
+func (m *Middleware) failedExpiry(jobID string) time.Time {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	j, err := m.cfg.Ledger.Job(ctx, jobID)
+	if err != nil || j.State != ledger.JobFailed {
+		return time.Time{}
+	}
+	return j.ExpiresAt
 }
 
 // hedge starts next beside the attempt ref; like fail, a next attempt
