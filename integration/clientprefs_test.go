@@ -511,3 +511,30 @@ func testFleetJoinStreamElsewhere(t *testing.T, b backend) {
 		t.Errorf("upstream called %d times", c)
 	}
 }
+
+// TestFleetStatusPath: instance B answers the status of a job that runs
+// on instance A, pending and then completed, from the shared ledger.
+func TestFleetStatusPath(t *testing.T) { shared(t, testFleetStatusPath) }
+
+func testFleetStatusPath(t *testing.T, b backend) {
+	up, release := heldUpstream(t)
+	gs := fleet(t, b, 2, site(up.addr(), "attempt_timeout 10s", "status_path /jobs"))
+	first := make(chan response, 1)
+	go func() { first <- gs[0].post(t, "/charges", "fst-1", auth, `{}`) }()
+	eventually(t, "A's attempt reaches the upstream", func() bool { return up.count("fst-1") == 1 })
+
+	pending := decodeStatus(t, gs[1].do(t, context.Background(), http.MethodGet, "/jobs/fst-1", "", auth, ""))
+	if pending.State != "pending" || pending.JobID == "" || pending.Attempts != 1 || pending.RetryAfter == nil {
+		t.Errorf("B's status while A runs the job: %+v", pending)
+	}
+	close(release)
+	a := <-first
+	done := decodeStatus(t, gs[1].do(t, context.Background(), http.MethodGet, "/jobs/fst-1", "", auth, ""))
+	if a.header.Get("Idempotency-Job-Id") != pending.JobID || done.JobID != pending.JobID ||
+		done.State != "completed" || done.ExpiresAt == nil || done.CompletedAt == nil {
+		t.Errorf("A answered %v; B's status after: %+v", a, done)
+	}
+	if other := gs[1].do(t, context.Background(), http.MethodGet, "/jobs/fst-1", "", "Bearer mallory", ""); other.status != http.StatusNotFound {
+		t.Errorf("another owner's status on B: %v", other)
+	}
+}
