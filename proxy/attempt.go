@@ -17,7 +17,8 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
-// final is how a job's run ended, for the client request that started it.
+// final is how a job's run ended, for the client request that started it
+// (result is how one try ended; the run loop turns results into this).
 type final struct {
 	verdict  fallback.Verdict
 	reason   string
@@ -31,7 +32,7 @@ type final struct {
 	storeErr error            // the ledger could not record the outcome
 }
 
-// result is how one attempt ended.
+// result is how one try ended, for the run loop.
 type result struct {
 	att       ledger.Attempt
 	provider  int
@@ -82,10 +83,9 @@ type runner struct {
 	mu        sync.Mutex
 	state     clientState
 	current   ledger.Attempt  // the attempt attempt_timeout watches
-	running   map[string]bool // running attempts: id → headers arrived
-	attempts  map[string]ledger.Attempt
-	streamCut bool   // the answer that went out ended early
-	out       *final // the run's outcome, once decided
+	running   map[string]*try // the tries under way, by attempt id
+	streamCut bool            // the answer that went out ended early
+	out       *final          // the run's outcome, once decided
 }
 
 func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w http.ResponseWriter, first ledger.Attempt) *runner {
@@ -95,9 +95,8 @@ func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w h
 		wake:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 		ended:    make(chan struct{}),
-		current:  first, // known before the runner starts, for an early timeout
-		running:  map[string]bool{},
-		attempts: map[string]ledger.Attempt{},
+		current: first, // known before the runner starts, for an early timeout
+		running: map[string]*try{},
 	}
 }
 
@@ -120,15 +119,15 @@ func (rn *runner) watched() (ledger.Attempt, bool) {
 // of every move that concerns the client. rn.mu must be held.
 func (rn *runner) open() bool { return rn.state == clientOpen }
 
-// answering reports whether a running attempt has answer headers, or an
+// answering reports whether a running try is past trySending, or an
 // answer is passing through to the client, which stops attempt_timeout and
 // the hedge timer. rn.mu must be held.
 func (rn *runner) answering() bool {
 	if rn.state == clientStreaming {
 		return true
 	}
-	for _, headers := range rn.running {
-		if headers {
+	for _, t := range rn.running {
+		if t.phase != trySending {
 			return true
 		}
 	}
@@ -161,9 +160,9 @@ func (rn *runner) timeout(att ledger.Attempt) bool {
 	}
 	rn.state = clientTimedOut
 	var stale []ledger.Attempt
-	for id, headers := range rn.running {
-		if !headers {
-			stale = append(stale, rn.attempts[id])
+	for _, t := range rn.running {
+		if t.phase == trySending {
+			stale = append(stale, t.att)
 		}
 	}
 	if len(rn.running) == 0 {
@@ -231,17 +230,17 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	// goroutine, its result waiting in the channel for the loop below.
 	inline := pol.HedgeAfter <= 0
 	launch := func(att ledger.Attempt, p int) {
+		t := &try{rn: rn, att: att, provider: p}
 		rn.mu.Lock()
-		rn.running[att.ID] = false
-		rn.attempts[att.ID] = att
+		rn.running[att.ID] = t
 		rn.mu.Unlock()
 		if inline {
-			results <- rn.attempt(att, p)
+			results <- t.run()
 			return
 		}
 		go func() {
 			growStack(0)
-			results <- rn.attempt(att, p)
+			results <- t.run()
 		}()
 	}
 	var (
@@ -383,30 +382,73 @@ func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 // errUncheckable is the breach of an answer too large to be checked.
 var errUncheckable = errors.New("contract: the answer is larger than max_response_body and cannot be checked")
 
-// attemptHooks connect an attempt's capture to the runner.
-type attemptHooks struct {
-	rn        *runner
-	att       ledger.Attempt
-	provider  int
-	committed *final
+// try is one attempt against one provider, from sending the request to
+// the answer's end. The run loop starts tries and reads their results; a
+// try decides only about its own answer (as reverseproxy's
+// proxyLoopIteration is one pass of its loop). Its capture calls headers
+// and commit as the provider's answer arrives.
+//
+// Its phase only moves forward, each move made by one method:
+//
+//	trySending ──headers──▶ tryAnswering ──commit──▶ tryCommitted
+//	     │                       └────────commit──▶ tryDropped
+//	     └──────────commit (a failure that streams)──▶ tryCommitted
+//
+// While a try is trySending, attempt_timeout and the hedge timer run for
+// it, and a timeout makes it unknown. Answering, its answer is buffered
+// until it ends, unless it must go out before (a stream, or an answer past
+// max_response_body): then commit decides, once, whether it is a result
+// that takes the slot by CAS now, the last failure, or a contract breach
+// to drop. What a committed answer may do to the client is clientState's
+// rule: it goes out only while the client is open, and then nothing else
+// reaches that client.
+type try struct {
+	rn       *runner
+	att      ledger.Attempt
+	provider int
+	phase    tryPhase // guarded by rn.mu: the run loop and timers read it
+
+	// Set by commit, read by run, both on the try's own goroutine.
+	committed *final      // the answer was decided before it ended
 	breach    error       // a contract breach seen before the answer ended
 	live      *liveStream // the answer streaming to the client, which duplicates may join
 }
 
-// headers records that an attempt's answer has headers, which stops
-// attempt_timeout and the hedge timer — unless the status already shows a
-// definitive failure, which is no answer to wait for.
-func (h *attemptHooks) headers(c *capture) {
-	rn := h.rn
-	if v, _ := rn.m.policy.FailoverOn.Classify(fallback.Answer{Status: c.status}); v == fallback.Failed {
+// tryPhase is where a try stands (see try).
+type tryPhase int
+
+const (
+	// trySending: the request went out; no answer worth waiting for yet
+	// (a status that fails definitively is none).
+	trySending tryPhase = iota
+	// tryAnswering: the answer's headers arrived.
+	tryAnswering
+	// tryCommitted: the answer was decided before its end, and passes
+	// through to the client if it was open.
+	tryCommitted
+	// tryDropped: the answer breaks the contract (or is too large to be
+	// checked): it is no result.
+	tryDropped
+)
+
+// advance moves t forward to phase; a try never moves back.
+func (t *try) advance(phase tryPhase) {
+	t.rn.mu.Lock()
+	if t.phase < phase {
+		t.phase = phase
+	}
+	t.rn.mu.Unlock()
+}
+
+// headers moves t to tryAnswering when its answer's headers arrive, which
+// stops attempt_timeout and the hedge timer — unless the status already
+// shows a definitive failure, which is no answer to wait for.
+func (t *try) headers(c *capture) {
+	if v, _ := t.rn.m.policy.FailoverOn.Classify(fallback.Answer{Status: c.status}); v == fallback.Failed {
 		return
 	}
-	rn.mu.Lock()
-	if _, ok := rn.running[h.att.ID]; ok {
-		rn.running[h.att.ID] = true
-	}
-	rn.mu.Unlock()
-	rn.notify()
+	t.advance(tryAnswering)
+	t.rn.notify()
 }
 
 // commit decides about an answer that must go out before it ends. A result
@@ -414,19 +456,19 @@ func (h *attemptHooks) headers(c *capture) {
 // failure no other provider will follow. While a hedge runs, a stream is
 // buffered until it has won; an answer past max_response_body is committed
 // regardless.
-func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool) {
-	rn, m := h.rn, h.rn.m
-	if h.breach != nil {
+func (t *try) commit(c *capture, overflow bool) (io.Writer, bool, bool) {
+	rn, m := t.rn, t.rn.m
+	if t.breach != nil {
 		return nil, false, overflow // dropped: it is no result
 	}
 	if ct := m.cfg.Contract; ct != nil && ct.Applies(c.status) {
 		if err := ct.CheckHead(c.status, c.header); err != nil {
-			h.breach = err
+			t.drop(err)
 			return nil, false, overflow
 		}
 		if ct.ChecksBody() {
 			if overflow {
-				h.breach = errUncheckable
+				t.drop(errUncheckable)
 				return nil, false, true
 			}
 			return nil, false, false // buffered until checked
@@ -439,26 +481,26 @@ func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool)
 	head := &ledger.Response{Status: c.status, Header: storedHeader(c.header), Size: -1}
 	switch v {
 	case fallback.Result:
-		out := rn.complete(h.att, m.policy.Providers[h.provider], head)
+		out := rn.complete(t.att, m.policy.Providers[t.provider], head)
 		if out.won || out.storeErr != nil {
-			out.sent = rn.startStream(h.att, c, out.expires)
+			out.sent = rn.startStream(t.att, c, out.expires)
 		}
-		h.committed = &out
+		t.decided(&out)
 		if out.sent {
 			if out.won && !overflow { // recorded as it goes: duplicates may join
-				h.live = m.lives.open(h.att.JobID, c)
-				c.live = h.live
+				t.live = m.lives.open(t.att.JobID, c)
+				c.live = t.live
 			}
 			return rn.client, out.won, true
 		}
 		return nil, out.won, true
 	case fallback.Failed:
-		if _, more := m.policy.Failover(h.provider, reason); more || rn.hedging() {
+		if _, more := m.policy.Failover(t.provider, reason); more || rn.hedging() {
 			return nil, false, overflow
 		}
 		out := final{verdict: fallback.Failed, reason: reason, answer: head}
-		out.sent = rn.startStream(h.att, c, time.Time{})
-		h.committed = &out
+		out.sent = rn.startStream(t.att, c, time.Time{})
+		t.decided(&out)
 		if out.sent {
 			return rn.client, false, true
 		}
@@ -467,10 +509,22 @@ func (h *attemptHooks) commit(c *capture, overflow bool) (io.Writer, bool, bool)
 	return nil, false, overflow
 }
 
-// attempt sends one attempt and reports how it ended. Results that were
-// committed early are recorded here; the rest by the run loop.
-func (rn *runner) attempt(att ledger.Attempt, provider int) result {
-	m := rn.m
+// decided moves t to tryCommitted with out, its answer's outcome.
+func (t *try) decided(out *final) {
+	t.committed = out
+	t.advance(tryCommitted)
+}
+
+// drop moves t to tryDropped: its answer breaks the contract.
+func (t *try) drop(breach error) {
+	t.breach = breach
+	t.advance(tryDropped)
+}
+
+// run sends the try's request and reports how it ended. Results that
+// were committed early are recorded here; the rest by the run loop.
+func (t *try) run() result {
+	rn, m, att, provider := t.rn, t.rn.m, t.att, t.provider
 	m.cfg.Observer.InFlight(1)
 	defer m.cfg.Observer.InFlight(-1)
 
@@ -488,8 +542,7 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) result {
 	}
 	req.GetBody = nil
 
-	hooks := &attemptHooks{rn: rn, att: att, provider: provider}
-	c := newCapture(m.cfg.MaxResponseBody, hooks)
+	c := newCapture(m.cfg.MaxResponseBody, t)
 	h := m.cfg.Providers[provider].Handler
 	if h == nil {
 		h = rn.next
@@ -515,9 +568,11 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) result {
 	v, reason := m.policy.FailoverOn.Classify(ans)
 	res := result{att: att, provider: provider, verdict: v, reason: reason}
 	if v == fallback.Result && m.cfg.Contract != nil && m.cfg.Contract.Applies(c.status) {
-		breach := hooks.breach
-		if breach == nil && hooks.committed == nil {
-			breach = m.cfg.Contract.Check(c.status, c.header, c.buf.Bytes(), rn.body)
+		breach := t.breach
+		if breach == nil && t.committed == nil {
+			if breach = m.cfg.Contract.Check(c.status, c.header, c.buf.Bytes(), rn.body); breach != nil {
+				t.drop(breach)
+			}
 		}
 		if breach != nil {
 			// A breach is never a result. With contract in failover_on it
@@ -534,9 +589,9 @@ func (rn *runner) attempt(att ledger.Attempt, provider int) result {
 		}
 	}
 
-	if hc := hooks.committed; hc != nil {
-		if hooks.live != nil {
-			hooks.live.end(cut)
+	if hc := t.committed; hc != nil {
+		if t.live != nil {
+			t.live.end(cut)
 			defer m.lives.close(att.JobID) // once the ledger holds the body
 		}
 		if hc.won {
