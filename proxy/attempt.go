@@ -91,10 +91,10 @@ type runner struct {
 func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w http.ResponseWriter, first ledger.Attempt) *runner {
 	return &runner{
 		m: m, base: base, next: next, body: body,
-		client:   &client{w: w},
-		wake:     make(chan struct{}, 1),
-		done:     make(chan struct{}),
-		ended:    make(chan struct{}),
+		client:  &client{w: w},
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		ended:   make(chan struct{}),
 		current: first, // known before the runner starts, for an early timeout
 		running: map[string]*try{},
 	}
