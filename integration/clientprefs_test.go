@@ -157,6 +157,22 @@ func testFleetPreferWait(t *testing.T, b backend) {
 	}
 }
 
+// openStream posts {"q":"x"} to /stream under key and returns the answer
+// as soon as its headers arrive, its body still streaming.
+func (g *gateway) openStream(t *testing.T, key string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, g.url+"/stream", strings.NewReader(`{"q":"x"}`))
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Authorization", auth)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
 // TestJoinLiveStream: three duplicates join a Server-Sent Events answer
 // while it streams, each at a different moment, and each receives exactly
 // the first client's bytes, marked replayed.
@@ -186,19 +202,7 @@ func TestJoinLiveStream(t *testing.T) {
 	})
 	g := startGateway(t, backend{name: "memory", line: "ledger memory"}, site(up.addr(), "attempt_timeout 5s"))
 
-	open := func() *http.Response {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, g.url+"/stream", strings.NewReader(`{"q":"x"}`))
-		req.Header.Set("Idempotency-Key", "join-1")
-		req.Header.Set("Authorization", auth)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { resp.Body.Close() })
-		return resp
-	}
+	open := func() *http.Response { return g.openStream(t, "join-1") }
 	type result struct {
 		body string
 		err  error
@@ -471,15 +475,7 @@ func testFleetJoinStreamElsewhere(t *testing.T, b backend) {
 	})
 	gs := fleet(t, b, 2, site(up.addr(), "attempt_timeout 5s", "in_flight wait 10s"))
 
-	req, _ := http.NewRequest(http.MethodPost, gs[0].url+"/stream", strings.NewReader(`{"q":"x"}`))
-	req.Header.Set("Idempotency-Key", "elsewhere-1")
-	req.Header.Set("Authorization", auth)
-	req.Header.Set("Content-Type", "application/json")
-	first, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Body.Close()
+	first := gs[0].openStream(t, "elsewhere-1")
 	br := bufio.NewReader(first.Body)
 	if head, err := br.ReadString('\n'); err != nil || head != "id: 0\n" {
 		t.Fatalf("first event on A: %q %v", head, err)

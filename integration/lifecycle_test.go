@@ -58,22 +58,7 @@ func TestReloadKeepsRunningAttempt(t *testing.T) {
 	go func() { done <- g.post(t, "/charges", "reload-1", auth, `{}`) }()
 	eventually(t, "the attempt reaches the upstream", func() bool { return up.count("reload-1") == 1 })
 
-	cfg, err := readConfig(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg = strings.Replace(cfg, old.line, next.line, 1)
-	req, _ := http.NewRequest(http.MethodPost, "http://"+g.admin+"/load", strings.NewReader(cfg))
-	req.Header.Set("Content-Type", "text/caddyfile")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("reload: %d %s", resp.StatusCode, body)
-	}
+	g.reload(t, old.line, next.line)
 	close(release)
 	r := <-done
 	if r.status != http.StatusOK || r.body != `{"through":"reload"}` {
