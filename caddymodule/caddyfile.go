@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -350,7 +351,22 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 	if err := checkProviderName(name, h.Providers); err != nil {
 		return d.Err(err.Error())
 	}
-	tokens := append(caddyfile.Segment{seg[0]}, seg[2:]...)
+	p := &Provider{Name: name}
+	rest, own := providerLines(seg[2:], "deduplicates")
+	for _, l := range own {
+		switch args := l[1:]; {
+		case len(args) > 1:
+			return wrapAt(l[0], fmt.Errorf("provider %s: usage: deduplicates [<header>]", name))
+		case len(args) == 0:
+			p.Deduplicates = proxy.DefaultKeyHeader
+		default:
+			if err := checkHeaderName(args[0].Text); err != nil {
+				return wrapAt(args[0], fmt.Errorf("provider %s: deduplicates: %w", name, err))
+			}
+			p.Deduplicates = args[0].Text
+		}
+	}
+	tokens := append(caddyfile.Segment{seg[0]}, rest...)
 	sub, err := httpcaddyfile.ParseSegmentAsSubroute(helper.WithDispenser(caddyfile.NewDispenser(tokens)))
 	if err != nil {
 		return err
@@ -364,8 +380,38 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 	if err := refuseResends(sr.Routes); err != nil {
 		return wrapAt(resendToken(seg, err), fmt.Errorf("provider %s: %w", name, err))
 	}
-	h.Providers = append(h.Providers, &Provider{Name: name, Routes: sr.Routes})
+	p.Routes = sr.Routes
+	h.Providers = append(h.Providers, p)
 	return nil
+}
+
+// providerLines takes a provider's own lines (those starting with one of
+// names, directly inside its block) out of block, the tokens from its
+// opening brace to its closing one, before the rest is parsed as handler
+// directives. It returns the rest and each line's tokens, in order.
+func providerLines(block caddyfile.Segment, names ...string) (rest caddyfile.Segment, own []caddyfile.Segment) {
+	depth := 0
+	for i := 0; i < len(block); i++ {
+		tok := block[i]
+		startsLine := i > 0 && (block[i-1].Line != tok.Line || block[i-1].File != tok.File)
+		if depth == 1 && startsLine && slices.Contains(names, tok.Text) {
+			j := i + 1
+			for j < len(block) && block[j].Line == tok.Line && block[j].File == tok.File && block[j].Text != "}" {
+				j++
+			}
+			own = append(own, block[i:j])
+			i = j - 1
+			continue
+		}
+		switch tok.Text {
+		case "{":
+			depth++
+		case "}":
+			depth--
+		}
+		rest = append(rest, tok)
+	}
+	return rest, own
 }
 
 // resendToken is where a refused reverse_proxy option is written in a

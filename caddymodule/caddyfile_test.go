@@ -292,6 +292,51 @@ func TestAdaptProviders(t *testing.T) {
 	}
 }
 
+// TestAdaptDeduplicates: deduplicates is the provider block's own line,
+// taken out before the rest is parsed as handler directives; a nested
+// block's line of that name is left to its directive.
+func TestAdaptDeduplicates(t *testing.T) {
+	out, err := adapt(t, `:8080 {
+	idempotency {
+		provider pay {
+			deduplicates
+			reverse_proxy 127.0.0.1:9001 {
+				header_up X-From onejob
+			}
+		}
+		provider other {
+			reverse_proxy 127.0.0.1:9002
+			deduplicates X-Request-Key
+		}
+		provider plain {
+			reverse_proxy 127.0.0.1:9003
+		}
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h struct {
+		Providers []struct {
+			Name         string            `json:"name"`
+			Deduplicates string            `json:"deduplicates"`
+			Routes       []json.RawMessage `json:"routes"`
+		} `json:"providers"`
+	}
+	if err := json.Unmarshal(adaptedRoutes(t, out)[0][0], &h); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"Idempotency-Key", "X-Request-Key", ""}
+	for i, p := range h.Providers {
+		if p.Deduplicates != want[i] || len(p.Routes) != 1 || !strings.Contains(string(p.Routes[0]), `"reverse_proxy"`) {
+			t.Errorf("provider %s: deduplicates %q, routes %s", p.Name, p.Deduplicates, p.Routes)
+		}
+	}
+	if len(h.Providers) != 3 || !strings.Contains(string(h.Providers[0].Routes[0]), `"X-From"`) {
+		t.Errorf("adapted: %s", out)
+	}
+}
+
 func TestAdaptProviderErrors(t *testing.T) {
 	for _, tc := range []struct{ name, in, want string }{
 		{"lb_retry_match", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1 {\n\t\t\t\tlb_retries 2\n\t\t\t\tlb_retry_match {\n\t\t\t\t\tmethod POST\n\t\t\t\t}\n\t\t\t}\n\t\t}\n\t}\n}\n",
@@ -300,6 +345,10 @@ func TestAdaptProviderErrors(t *testing.T) {
 		{"no block", ":8080 {\n\tidempotency {\n\t\tprovider a\n\t}\n}\n", "expected a block"},
 		{"twice", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1\n\t\t}\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:2\n\t\t}\n\t}\n}\n", `provider "a" is defined twice`},
 		{"bad hedge", ":8080 {\n\tidempotency {\n\t\thedge_after soon\n\t}\n}\n", `invalid duration "soon", at Caddyfile:3`},
+		{"deduplicates two headers", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\treverse_proxy 127.0.0.1:1\n\t\t\tdeduplicates A B\n\t\t}\n\t}\n}\n",
+			"provider a: usage: deduplicates [<header>], at Caddyfile:5"},
+		{"deduplicates bad header", ":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\tdeduplicates \"Idem Key\"\n\t\t\treverse_proxy 127.0.0.1:1\n\t\t}\n\t}\n}\n",
+			`provider a: deduplicates: invalid header name "Idem Key", at Caddyfile:4`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := adapt(t, tc.in)

@@ -206,7 +206,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := p.provision(ctx); err != nil {
 			return err
 		}
-		providers = append(providers, proxy.Provider{Name: p.Name, Handler: p})
+		if p.Deduplicates != "" {
+			if err := checkHeaderName(p.Deduplicates); err != nil {
+				return fmt.Errorf("provider %s: deduplicates: %w", p.Name, err)
+			}
+		}
+		providers = append(providers, proxy.Provider{Name: p.Name, Handler: p,
+			Deduplicates: http.CanonicalHeaderKey(p.Deduplicates)})
 	}
 
 	obs, err := newMetrics(ctx.GetMetricsRegistry(), h.scope)

@@ -22,6 +22,11 @@ type Provider struct {
 	// must not send a request again on its own: retry_match and
 	// request_buffers are refused.
 	Routes caddyhttp.RouteList `json:"routes,omitempty"`
+	// Deduplicates names the request header the provider honours as its
+	// own idempotency key (Idempotency-Key, for many payment APIs): each
+	// attempt sends the job id there, never the client's key. Empty: the
+	// provider does not deduplicate.
+	Deduplicates string `json:"deduplicates,omitempty"`
 
 	handler caddyhttp.Handler
 }

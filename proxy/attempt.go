@@ -535,6 +535,11 @@ func (t *try) run() result {
 	req := m.cfg.PrepareAttempt(rn.base.Clone(ctx))
 	req.Header.Set(HeaderJobID, att.JobID)
 	req.Header.Set(HeaderAttempt, strconv.Itoa(att.Number))
+	if name := m.cfg.Providers[provider].Deduplicates; name != "" {
+		// A provider account shared by many owners must never see two
+		// owners' requests under one key: the job id, not the client's.
+		req.Header.Set(name, att.JobID)
+	}
 	if len(rn.body) == 0 {
 		req.Body, req.ContentLength = emptyBody{}, -1
 	} else {

@@ -57,6 +57,11 @@ func (f HandlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) error { r
 type Provider struct {
 	Name    string
 	Handler Handler // nil: the middleware's next handler (drop-in mode)
+	// Deduplicates, when set, names the request header the provider
+	// honours as its own idempotency key: each attempt sends the job id
+	// there (one value per intent and per owner, the same for every
+	// attempt of the job), never the client's key.
+	Deduplicates string
 }
 
 // FailoverOn names the answers that show a provider did not act on a

@@ -879,3 +879,32 @@ func TestNoGatewayErrorInsideAStartedAnswer(t *testing.T) {
 		t.Errorf("job %s, want failed", j.State)
 	}
 }
+
+// TestDeduplicatingProviderGetsTheJobID: a provider that deduplicates gets
+// the job id in its header, the same for every attempt of the job and never
+// the client's key; another provider still gets the client's key.
+func TestDeduplicatingProviderGetsTheJobID(t *testing.T) {
+	cfg := Config{FailoverOn: FailoverOn{Statuses: map[int]bool{503: true}}}
+	h, p, f := newProviders(t, cfg, respond(http.StatusServiceUnavailable, "busy"), respond(http.StatusCreated, "fallback"))
+	h.m.cfg.Providers[0].Deduplicates = DefaultKeyHeader
+	h.m.cfg.Providers[1].Deduplicates = "X-Request-Key"
+	rec := h.do(post("client-key", `{}`))
+	wantAnswer(t, rec, http.StatusCreated, "fallback 1")
+	job := jobID(t, rec)
+	if got := p.request(0).header.Get(DefaultKeyHeader); got != job {
+		t.Errorf("the deduplicating primary got %s %q, want the job id %q", DefaultKeyHeader, got, job)
+	}
+	fh := f.request(0).header
+	if fh.Get("X-Request-Key") != job || fh.Get(DefaultKeyHeader) != "client-key" {
+		t.Errorf("the fallback got X-Request-Key %q and %s %q", fh.Get("X-Request-Key"), DefaultKeyHeader, fh.Get(DefaultKeyHeader))
+	}
+
+	// Another owner's request under the same client key is another job:
+	// the provider sees another value.
+	r := post("client-key", `{}`)
+	r.Header.Set("Authorization", "Bearer another-owner")
+	other := h.do(r)
+	if jobID(t, other) == job || p.request(1).header.Get(DefaultKeyHeader) != jobID(t, other) {
+		t.Errorf("two owners' requests reached the provider under %q and %q", job, p.request(1).header.Get(DefaultKeyHeader))
+	}
+}
