@@ -204,3 +204,29 @@ func TestServerSentEvents(t *testing.T) {
 		}
 	})
 }
+
+// TestDeduplicatesSendsTheJobID: a provider that deduplicates receives the
+// job id in its header through the real binary, on every ledger; the
+// client's key never reaches it.
+func TestDeduplicatesSendsTheJobID(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		up := newUpstream(t, answering(`{"ok":true}`))
+		g := startGateway(t, b, fmt.Sprintf(`	idempotency {
+		{ledger}
+		attempt_timeout 5s
+		provider payments {
+			deduplicates
+			reverse_proxy %s
+		}
+	}
+`, up.addr()))
+		r := g.post(t, "/charges", "client-key-1", auth, `{}`)
+		job := r.header.Get("Idempotency-Job-Id")
+		if r.status != http.StatusOK || job == "" {
+			t.Fatalf("first: %v", r)
+		}
+		if up.count("client-key-1") != 0 || up.count(job) != 1 {
+			t.Errorf("the provider saw the client's key %d times and the job id %d times", up.count("client-key-1"), up.count(job))
+		}
+	})
+}
