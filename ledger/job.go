@@ -96,6 +96,10 @@ type Attempt struct {
 	Deadline   time.Time // attempt_deadline: the end of its lease
 	FinishedAt time.Time // zero while running
 	Error      string
+	// Resend marks a re-send of the job's request to a provider that
+	// deduplicates, reconciling an attempt whose outcome was unknown
+	// (Ledger.Resend).
+	Resend bool
 }
 
 // Ref returns the reference the attempt's later calls use.

@@ -36,6 +36,16 @@ type Ledger interface {
 	// changing its version: both attempts then race for the result slot.
 	Hedge(ctx context.Context, ref AttemptRef, next NextAttempt) (Attempt, error)
 
+	// Resend starts next, marked Resend: the job's request sent again to a
+	// provider that deduplicates, with the same value in its idempotency
+	// header, to reconcile ref, an attempt that blocks the job (unknown,
+	// or lost with no winner). It is allowed only while no attempt is
+	// starting, no result won and the job is still at ref.Version (no
+	// operator settled it since), and the job is pending again until next
+	// ends; otherwise ErrStale. Its answer settles the job by the usual
+	// CAS. A repeat returns the attempt the first call started.
+	Resend(ctx context.Context, ref AttemptRef, next NextAttempt) (Attempt, error)
+
 	// Complete offers the attempt's result to the job by compare-and-swap on
 	// (id, version, completed_by IS NULL) within the attempt's deadline. The
 	// loser's result is discarded and the attempt becomes lost (a cancelled

@@ -458,6 +458,15 @@ func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.N
 	return a, err
 }
 
+// Resend implements ledger.Ledger: the truth starts it, like a hedge.
+func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	a, err := l.truth.Resend(ctx, ref, next)
+	if err == nil {
+		l.memo.extend(ref.JobID, a.Deadline.Sub(a.StartedAt), l.now())
+	}
+	return a, err
+}
+
 // Job implements ledger.Ledger from the truth.
 func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
 	return l.truth.Job(ctx, jobID)

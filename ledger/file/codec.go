@@ -17,7 +17,7 @@ import (
 // format 1, which lack the fingerprint's scheme.
 const (
 	recordV1 = 0x01
-	recordV2 = 0x02 // the fingerprint's scheme after its version
+	recordV2 = 0x02 // the fingerprint's scheme after its version; each attempt's resend flag
 )
 
 var errCorrupt = errors.New("corrupt job record")
@@ -73,6 +73,7 @@ func encodeJob(j *ledger.Job) []byte {
 		b = appendTime(b, a.Deadline)
 		b = appendTime(b, a.FinishedAt)
 		b = appendString(b, a.Error)
+		b = appendBool(b, a.Resend)
 	}
 	return b
 }
@@ -173,6 +174,9 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 				Deadline:   d.time(),
 				FinishedAt: d.time(),
 				Error:      d.string(),
+			}
+			if v[0] == recordV2 {
+				j.Attempts[i].Resend = d.flag()
 			}
 		}
 	}

@@ -1,8 +1,7 @@
 package file
 
 import (
-	"bytes"
-	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -25,7 +24,7 @@ func codecJob() *ledger.Job {
 			{ID: "a1", JobID: "j", Number: 1, Provider: "primary", State: ledger.AttemptUnknown, JobVersion: 1,
 				StartedAt: at, Deadline: at.Add(time.Minute), Error: "attempt_timeout"},
 			{ID: "a2", JobID: "j", Number: 2, Provider: "fallback", State: ledger.AttemptSucceeded, JobVersion: 1,
-				StartedAt: at, Deadline: at.Add(time.Minute), FinishedAt: at.Add(time.Second)},
+				StartedAt: at, Deadline: at.Add(time.Minute), FinishedAt: at.Add(time.Second), Resend: true},
 		},
 	}
 }
@@ -56,27 +55,26 @@ func equalJobs(t *testing.T, got, want *ledger.Job) {
 	}
 }
 
-// TestCodecFormat1 reads a record of format 1, written before jobs had a
-// fingerprint scheme: the same fields, without the scheme.
+// TestCodecFormat1 reads a record of format 1, written by the release
+// before jobs had a fingerprint scheme and attempts a resend flag (this
+// record is that release's encoding of codecJob, with one header).
 func TestCodecFormat1(t *testing.T) {
-	j := codecJob()
-	j.FingerprintScheme = ""
-	v2 := encodeJob(j)
-	// Format 1 is format 2 without the scheme's length (0) after the
-	// fingerprint version.
-	head := []byte{recordV2}
-	head = appendString(head, j.ID)
-	head = appendBytes(appendBytes(appendBytes(head, j.OwnerHash), j.KeyHash), j.Fingerprint)
-	head = binary.AppendVarint(head, int64(j.FingerprintVersion))
-	if !bytes.Equal(v2[:len(head)], head) || v2[len(head)] != 0 {
-		t.Fatalf("format 2 record does not start as expected: % x", v2[:len(head)+1])
-	}
-	v1 := append(append([]byte{recordV1}, v2[1:len(head)]...), v2[len(head)+1:]...)
-	got, err := decodeJob(v1)
+	const v1 = "012430313933613162322d633364342d376535662d386139622d3063316432653366346135620301020302040501060209636f6d706c65746564060261328080f89492a52701aafcdb9ac084bced3101aaa4b2d4c784bced3101aafc98bb98fbe4ed31019203010c436f6e74656e742d5479706501106170706c69636174696f6e2f6a736f6e010d7b226964223a2263685f31227d1a0102026131016a02077072696d61727907756e6b6e6f776e0201aafcdb9ac084bced3101aadc969fff87bced31000f617474656d70745f74696d656f7574026132016a040866616c6c6261636b097375636365656465640201aafcdb9ac084bced3101aadc969fff87bced3101aaa4b2d4c784bced3100"
+	raw, err := hex.DecodeString(v1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	equalJobs(t, got, j)
+	got, err := decodeJob(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := codecJob()
+	want.FingerprintVersion, want.FingerprintScheme = 1, ""
+	want.Response.Header = map[string][]string{"Content-Type": {"application/json"}}
+	for i := range want.Attempts {
+		want.Attempts[i].Resend = false
+	}
+	equalJobs(t, got, want)
 }
 
 func TestCodecRoundTrip(t *testing.T) {

@@ -349,6 +349,16 @@ func (l *Ledger) Hedge(_ context.Context, ref ledger.AttemptRef, next ledger.Nex
 	return a, err
 }
 
+// Resend implements ledger.Ledger.
+func (l *Ledger) Resend(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
+	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
+		var e error
+		a, e = fsm.Resend(j, ref, next, now)
+		return e
+	})
+	return a, err
+}
+
 // Complete implements ledger.Ledger.
 func (l *Ledger) Complete(_ context.Context, ref ledger.AttemptRef, resp ledger.Response) (c ledger.Completion, err error) {
 	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {

@@ -76,6 +76,8 @@ func run(t *testing.T, h Harness) {
 		{"FindIsPerOwner", testFindPerOwner},
 		{"FindExpired", testFindExpired},
 		{"FindExpiredLeaseReadsUnknown", testFindLease},
+		{"ResendReconcilesUnknown", testResend},
+		{"ResendAfterOperator", testResendAfterOperator},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })

@@ -105,6 +105,11 @@ func (r *repeated) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger
 		func(a, b ledger.Attempt) string { return diff("attempt", attemptSummary(&a), attemptSummary(&b)) })
 }
 
+func (r *repeated) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return twice(r, "Resend", func() (ledger.Attempt, error) { return r.Ledger.Resend(ctx, ref, next) },
+		func(a, b ledger.Attempt) string { return diff("attempt", attemptSummary(&a), attemptSummary(&b)) })
+}
+
 func (r *repeated) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
 	return twice(r, "Complete", func() (ledger.Completion, error) { return r.Ledger.Complete(ctx, ref, resp) },
 		func(a, b ledger.Completion) string {

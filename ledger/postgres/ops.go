@@ -228,6 +228,36 @@ func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.N
 	return ledger.Attempt{}, errUnexpected("hedge", outcome)
 }
 
+// Resend implements ledger.Ledger.
+func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	if !validID(next.ID) {
+		return ledger.Attempt{}, errInvalidID("attempt", next.ID)
+	}
+	if !validID(ref.JobID) || !validID(ref.AttemptID) {
+		return ledger.Attempt{}, ledger.ErrNotFound
+	}
+	var (
+		outcome string
+		a       attemptCols
+	)
+	err := l.pool.QueryRow(ctx, `SELECT * FROM resend($1, $2, $3, $4, $5, $6)`,
+		ref.JobID, ref.AttemptID, ref.Version, next.ID, next.Provider, micros(next.Lease)).Scan(append([]any{&outcome}, a.dest()...)...)
+	if err != nil {
+		return ledger.Attempt{}, fmt.Errorf("postgres ledger: resend: %w", err)
+	}
+	switch outcome {
+	case "ok":
+		r := a.attempt(next.ID, ref.JobID)
+		r.Resend = true
+		return *r, nil
+	case "not_found":
+		return ledger.Attempt{}, ledger.ErrNotFound
+	case "stale":
+		return ledger.Attempt{}, ledger.ErrStale
+	}
+	return ledger.Attempt{}, errUnexpected("resend", outcome)
+}
+
 // Complete implements ledger.Ledger.
 func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
 	if !validID(ref.JobID) || !validID(ref.AttemptID) {

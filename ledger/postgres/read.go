@@ -24,7 +24,7 @@ const jobColumns = `id, owner_hash, key_hash, fingerprint, fingerprint_version, 
 const effectiveState = `CASE WHEN state = 'pending' AND completed_by IS NULL
 	AND (lease_until IS NULL OR lease_until <= clock_timestamp()) THEN 'unknown' ELSE state END`
 
-const attemptColumns = `id, job_id, number, provider, state, job_version, started_at, deadline, finished_at, coalesce(error, '')`
+const attemptColumns = `id, job_id, number, provider, state, job_version, started_at, deadline, finished_at, coalesce(error, ''), resend`
 
 // scanJob reads the jobColumns of a row, then extra columns into extra.
 func scanJob(row pgx.Row, extra ...any) (*ledger.Job, time.Time, error) {
@@ -63,7 +63,7 @@ func scanAttempt(rows pgx.CollectableRow) (ledger.Attempt, error) {
 		state    string
 		finished pgtype.Timestamptz
 	)
-	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error)
+	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error, &a.Resend)
 	a.State = ledger.AttemptState(state)
 	a.FinishedAt = timeOf(finished)
 	return a, err
@@ -114,7 +114,8 @@ const attemptsJSON = `(SELECT coalesce(json_agg(json_build_object(
 		'id', a.id, 'number', a.number, 'provider', a.provider, 'state', a.state,
 		'job_version', a.job_version, 'started_at', (extract(epoch FROM a.started_at) * 1000000)::int8,
 		'deadline', (extract(epoch FROM a.deadline) * 1000000)::int8,
-		'finished_at', (extract(epoch FROM a.finished_at) * 1000000)::int8, 'error', coalesce(a.error, ''))
+		'finished_at', (extract(epoch FROM a.finished_at) * 1000000)::int8, 'error', coalesce(a.error, ''),
+		'resend', a.resend)
 	ORDER BY a.number), '[]') FROM attempts a WHERE a.job_id = jobs.id)`
 
 // attemptJSON is one element of attemptsJSON.
@@ -128,6 +129,7 @@ type attemptJSON struct {
 	Deadline   int64  `json:"deadline"`
 	FinishedAt *int64 `json:"finished_at"`
 	Error      string `json:"error"`
+	Resend     bool   `json:"resend"`
 }
 
 // Find implements ledger.Ledger: one statement, by the unique (owner_hash,
@@ -155,7 +157,7 @@ func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.J
 			ID: a.ID, JobID: j.ID, Number: a.Number, Provider: a.Provider,
 			State: ledger.AttemptState(a.State), JobVersion: a.JobVersion,
 			StartedAt: time.UnixMicro(a.StartedAt), Deadline: time.UnixMicro(a.Deadline),
-			Error: a.Error,
+			Error: a.Error, Resend: a.Resend,
 		}
 		if a.FinishedAt != nil {
 			j.Attempts[i].FinishedAt = time.UnixMicro(*a.FinishedAt)

@@ -163,6 +163,7 @@ func decodeAttempt(jobID string, n int, field func(name string) string) ledger.A
 		Deadline:   timeOf(field("dl")),
 		FinishedAt: timeOf(field("t1")),
 		Error:      field("e"),
+		Resend:     field("rs") == "1",
 	}
 }
 

@@ -27,7 +27,8 @@
 //	                                       "<number>:<name>" with names id,
 //	                                       p (provider), s (state), v (job
 //	                                       version), t0, dl (deadline), t1
-//	                                       (finished), e (error)
+//	                                       (finished), e (error), rs ("1"
+//	                                       for a re-send: Ledger.Resend)
 //	<p>idx                                 sorted set, score 0: every job id;
 //	                                       UUIDv7 ids sort by creation, so
 //	                                       listing is ZREVRANGEBYLEX

@@ -156,6 +156,35 @@ func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.N
 	return ledger.Attempt{}, errUnexpected("hedge", outcome)
 }
 
+// Resend implements ledger.Ledger.
+func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	if !validID(ref.JobID) {
+		return ledger.Attempt{}, ledger.ErrNotFound
+	}
+	if next.ID == "" {
+		return ledger.Attempt{}, errNoIDs("resend")
+	}
+	outcome, a, err := l.run(ctx, "resend", scripts.resend,
+		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
+		l.prefix, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), ref.AttemptID)
+	if err != nil {
+		return ledger.Attempt{}, err
+	}
+	switch outcome {
+	case "ok":
+		at, err := replyAttempt("resend", ref.JobID, a)
+		if err != nil {
+			return ledger.Attempt{}, err
+		}
+		return *at, nil
+	case "not_found":
+		return ledger.Attempt{}, ledger.ErrNotFound
+	case "stale":
+		return ledger.Attempt{}, ledger.ErrStale
+	}
+	return ledger.Attempt{}, errUnexpected("resend", outcome)
+}
+
 // replyAttempt reads {outcome, now, attempt} (attempt_reply in lib.lua).
 func replyAttempt(what, jobID string, a []any) (*ledger.Attempt, error) {
 	if len(a) < 3 {

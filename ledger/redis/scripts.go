@@ -24,7 +24,7 @@ var jobFields = []string{
 
 // attemptFields are the names of an attempt's fields in the attempts hash
 // ("<number>:<name>"), in the order scripts return one attempt.
-var attemptFields = []string{"id", "p", "s", "v", "t0", "dl", "t1", "e"}
+var attemptFields = []string{"id", "p", "s", "v", "t0", "dl", "t1", "e", "rs"}
 
 // script is a Lua script with its source, which preload sends.
 type script struct {
@@ -35,7 +35,7 @@ type script struct {
 // scriptSet holds the transition scripts and find (a read), each lib.lua
 // plus its own file.
 type scriptSet struct {
-	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resolve, sweepScan, sweep, find script
+	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resend, resolve, sweepScan, sweep, find script
 }
 
 var scripts = buildScripts()
@@ -67,6 +67,7 @@ func buildScripts() scriptSet {
 		unsent:      mk("unsent.lua"),
 		markUnknown: mk("mark_unknown.lua"),
 		hedge:       mk("hedge.lua"),
+		resend:      mk("resend.lua"),
 		resolve:     mk("resolve.lua"),
 		sweepScan:   mk("sweep_scan.lua"),
 		sweep:       mk("sweep.lua"),
@@ -83,7 +84,7 @@ func read(name string) string {
 }
 
 func (s scriptSet) all() []script {
-	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resolve, s.sweepScan, s.sweep, s.find}
+	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resend, s.resolve, s.sweepScan, s.sweep, s.find}
 }
 
 // preload loads every script into the server's script cache in one round

@@ -349,6 +349,27 @@ func Hedge(j *ledger.Job, ref ledger.AttemptRef, next ledger.NextAttempt, now ti
 	return *addAttempt(j, next, now), nil
 }
 
+// Resend starts next, a re-send reconciling the blocking attempt ref (see
+// ledger.Ledger.Resend). A repeat returns the attempt the first call
+// started.
+func Resend(j *ledger.Job, ref ledger.AttemptRef, next ledger.NextAttempt, now time.Time) (ledger.Attempt, error) {
+	ApplyLeases(j, now)
+	if a := find(j, next.ID); a != nil {
+		return *a, nil
+	}
+	a := find(j, ref.AttemptID)
+	if a == nil {
+		return ledger.Attempt{}, ledger.ErrNotFound
+	}
+	if settled(j) || j.Version != ref.Version || !blocks(j, a) || hasLive(j, "") {
+		return ledger.Attempt{}, ledger.ErrStale
+	}
+	j.State = ledger.JobPending
+	n := addAttempt(j, next, now)
+	n.Resend = true
+	return *n, nil
+}
+
 // Resolve settles the job out of band. A repeat of a completion (the same
 // r.AttemptID) changes nothing; so does a cancel of a job already failed
 // with nothing starting or unknown.
