@@ -79,6 +79,22 @@ func (j *Job) Streaming() bool {
 	return j.Response != nil && !j.Response.Stored && j.Response.Size < 0
 }
 
+// BlockedBy reports whether attempt a, one of j's, blocks new attempts
+// (docs/contract.md, rule 1): it is starting or unknown, or it is lost
+// while no attempt has won (its provider acted and its result was
+// discarded) and no operator settled the job since it started (a cancel,
+// and the re-open it allows, increment the version). A cancelled attempt
+// never blocks.
+func (j *Job) BlockedBy(a *Attempt) bool {
+	switch a.State {
+	case AttemptStarting, AttemptUnknown:
+		return true
+	case AttemptLost:
+		return j.CompletedBy == "" && a.JobVersion == j.Version
+	}
+	return false
+}
+
 // Expired reports whether the job's retention has passed at now.
 func (j *Job) Expired(now time.Time) bool {
 	return !j.ExpiresAt.IsZero() && !now.Before(j.ExpiresAt)

@@ -42,6 +42,8 @@ type result struct {
 	answer    *ledger.Response // the whole answer, buffered
 	committed *final           // the answer was committed before it ended
 	contract  bool             // the reason is a contract breach
+	broken    bool             // the connection broke after the request went out (not a timeout)
+	until     time.Time        // the try's until (see try)
 }
 
 // clientState is where the answer to the client that started a run
@@ -229,8 +231,11 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	// Without hedging, attempts run one at a time: each runs on this
 	// goroutine, its result waiting in the channel for the loop below.
 	inline := pol.HedgeAfter <= 0
-	launch := func(att ledger.Attempt, p int) {
-		t := &try{rn: rn, att: att, provider: p}
+	launch := func(att ledger.Attempt, p int, until time.Time) {
+		if until.IsZero() {
+			until = time.Now().Add(att.Deadline.Sub(att.StartedAt))
+		}
+		t := &try{rn: rn, att: att, provider: p, until: until}
 		rn.mu.Lock()
 		rn.running[att.ID] = t
 		rn.mu.Unlock()
@@ -260,7 +265,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	}()
 
 	latest := provider // the last provider tried: failover and hedges go past it
-	launch(first, provider)
+	launch(first, provider, time.Time{})
 	armHedge(provider)
 	var (
 		lastFailure *result
@@ -273,7 +278,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 			if next, att, ok := rn.startHedge(latest); ok {
 				latest = next
 				pending++
-				launch(att, next)
+				launch(att, next, time.Time{})
 			}
 		case res := <-results:
 			pending--
@@ -298,7 +303,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 				lastFailure = &res
 				var next *ledger.NextAttempt
 				nextIdx := 0
-				if pending == 0 && open {
+				if pending == 0 && open && !res.att.Resend { // a re-send never fails over: its original may have acted
 					if i, ok := pol.Failover(latest, res.reason); ok {
 						na := ledger.NewAttempt(pol.Providers[i], m.cfg.AttemptDeadline)
 						next = &na
@@ -314,13 +319,28 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 					rn.notify()
 					latest = nextIdx
 					pending++
-					launch(*na, nextIdx)
+					launch(*na, nextIdx, time.Time{})
 					armHedge(nextIdx)
 				}
 			default:
 				m.cfg.Observer.Attempt(p, "unknown")
 				m.markUnknown(res.att, res.reason)
 				lastUnknown = &res
+				// A broken connection to a provider that deduplicates is
+				// sent again, while the client waits and until the
+				// original attempt's deadline (never after a timeout:
+				// the original still runs there).
+				if res.broken && open && pending == 0 && m.cfg.Providers[res.provider].Deduplicates != "" &&
+					time.Now().Before(res.until) {
+					if na, err := m.resend(res.att.Ref(), res.provider); err == nil {
+						rn.mu.Lock()
+						rn.current = *na
+						rn.mu.Unlock()
+						rn.notify()
+						pending++
+						launch(*na, res.provider, res.until)
+					}
+				}
 			}
 		}
 	}
@@ -328,6 +348,10 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	switch {
 	case lastUnknown != nil:
 		rn.decide(final{verdict: fallback.Unknown, reason: lastUnknown.reason, status: lastUnknown.status, contract: lastUnknown.contract})
+	case lastFailure != nil && lastFailure.att.Resend:
+		// The re-send was refused while the original may still run: the
+		// job stays unknown, as the retry would have been told.
+		rn.decide(final{verdict: fallback.Unknown, reason: lastFailure.reason, status: http.StatusConflict})
 	case lastFailure != nil:
 		out := final{verdict: fallback.Failed, reason: lastFailure.reason, contract: lastFailure.contract,
 			expires: m.failedExpiry(lastFailure.att.JobID)}
@@ -406,7 +430,8 @@ type try struct {
 	rn       *runner
 	att      ledger.Attempt
 	provider int
-	phase    tryPhase // guarded by rn.mu: the run loop and timers read it
+	phase    tryPhase  // guarded by rn.mu: the run loop and timers read it
+	until    time.Time // local end of the lease; a re-send's is its original's, where re-sends stop
 
 	// Set by commit, read by run, both on the try's own goroutine.
 	committed *final      // the answer was decided before it ended
@@ -571,7 +596,11 @@ func (t *try) run() result {
 		ans.Connect = m.cfg.IsConnectError(err)
 	}
 	v, reason := m.policy.FailoverOn.Classify(ans)
-	res := result{att: att, provider: provider, verdict: v, reason: reason}
+	if att.Resend && c.wrote && resendPending(c.status) {
+		v, reason = fallback.Failed, "re-send answered "+strconv.Itoa(c.status)+": the original is in progress or was not taken"
+	}
+	res := result{att: att, provider: provider, verdict: v, reason: reason, until: t.until,
+		broken: v == fallback.Unknown && (cut || (err != nil && !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err)))}
 	if v == fallback.Result && m.cfg.Contract != nil && m.cfg.Contract.Applies(c.status) {
 		breach := t.breach
 		if breach == nil && t.committed == nil {

@@ -23,9 +23,10 @@ type Middleware struct {
 	fp     fingerprinter
 	hasher Hasher
 
-	unsentQ    unsentQueue
-	lives      liveStreams
-	statusBase string // the escaped "<StatusPath>/", derived once
+	unsentQ       unsentQueue
+	lives         liveStreams
+	statusBase    string // the escaped "<StatusPath>/", derived once
+	deduplicating bool   // a provider deduplicates: unknown jobs may be re-sent
 }
 
 // New returns a Middleware for cfg, with defaults filled in.
@@ -49,9 +50,10 @@ func New(cfg Config) (*Middleware, error) {
 			HedgeAfter: cfg.HedgeAfter,
 			Eligible:   cfg.Eligible,
 		},
-		fp:         newFingerprinter(cfg.Fingerprint, cfg.FingerprintHeaders, sel),
-		hasher:     NewHasher(cfg.OwnerSecret),
-		statusBase: statusBase(cfg.StatusPath),
+		fp:            newFingerprinter(cfg.Fingerprint, cfg.FingerprintHeaders, sel),
+		hasher:        NewHasher(cfg.OwnerSecret),
+		statusBase:    statusBase(cfg.StatusPath),
+		deduplicating: slices.ContainsFunc(cfg.Providers, func(p Provider) bool { return p.Deduplicates != "" }),
 	}, nil
 }
 
@@ -200,6 +202,12 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		}
 		m.wait(w, r, jobID, wait)
 	case ledger.Unknown:
+		if a, ok := m.resendOnRetry(r.Context(), res); ok {
+			m.cfg.Observer.Request("new")
+			m.cfg.SetVar(r, "attempt", strconv.Itoa(a.Number))
+			res.Attempt = a
+			return m.execute(w, r, next, res, body)
+		}
 		m.cfg.Observer.Request("unknown")
 		m.unknown(w, jobID, res.Attempt, res.Now)
 	}

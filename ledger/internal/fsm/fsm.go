@@ -66,10 +66,7 @@ func ApplyLeases(j *ledger.Job, now time.Time) int {
 }
 
 // Blocks reports whether an attempt other than except blocks new attempts
-// (docs/contract.md, rule 1): it is starting or unknown, or it is lost while no attempt
-// has won (its provider acted and its result was discarded) and no
-// operator settled the job since it started (a cancel, and the re-open it
-// allows, increment the version). A cancelled attempt never blocks.
+// (ledger.Job.BlockedBy).
 func Blocks(j *ledger.Job, except string) bool {
 	for _, a := range j.Attempts {
 		if a.ID != except && blocks(j, &a) {
@@ -79,15 +76,7 @@ func Blocks(j *ledger.Job, except string) bool {
 	return false
 }
 
-func blocks(j *ledger.Job, a *ledger.Attempt) bool {
-	switch a.State {
-	case ledger.AttemptStarting, ledger.AttemptUnknown:
-		return true
-	case ledger.AttemptLost:
-		return j.CompletedBy == "" && a.JobVersion == j.Version
-	}
-	return false
-}
+func blocks(j *ledger.Job, a *ledger.Attempt) bool { return j.BlockedBy(a) }
 
 // hasLive reports whether an attempt other than except is starting.
 func hasLive(j *ledger.Job, except string) bool {
