@@ -9,6 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // Provider is one upstream a job's attempts can go to: its own list of
@@ -27,16 +29,34 @@ type Provider struct {
 }
 
 // checkProviderName is the rule a provider's name is held to, in JSON and
-// in a Caddyfile: it is given, and no earlier provider of the handler has
-// it.
+// in a Caddyfile: it is given, 1 to 100 visible characters with no spaces,
+// not "admin" (the provider of the attempts an operator completes), and
+// no earlier provider of the handler has it.
 func checkProviderName(name string, earlier []*Provider) error {
-	if name == "" {
+	switch {
+	case name == "":
 		return fmt.Errorf("provider %d has no name", len(earlier)+1)
+	case !validName(name):
+		return fmt.Errorf("provider name %q: want 1 to %d visible characters, no spaces", name, maxNameLen)
+	case name == ledger.AdminProvider:
+		return fmt.Errorf("provider name %q is reserved for the attempts an operator completes", name)
 	}
 	for _, q := range earlier {
 		if q.Name == name {
 			return fmt.Errorf("provider %q is defined twice", name)
 		}
+	}
+	return nil
+}
+
+// check is the rule a provider is held to, in JSON and in a Caddyfile: its
+// name (checkProviderName) and at least one route to send attempts to.
+func (p *Provider) check(earlier []*Provider) error {
+	if err := checkProviderName(p.Name, earlier); err != nil {
+		return err
+	}
+	if len(p.Routes) == 0 {
+		return fmt.Errorf("provider %s has no handlers: every attempt would find no one to answer it", p.Name)
 	}
 	return nil
 }
