@@ -392,8 +392,11 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 		return d.Errf("usage: provider <name> { <handler directives> }")
 	}
 	name := seg[1].Text
+	if len(seg) == 2 && d.Val() == "}" { // an empty block
+		return wrapAt(seg[0], (&Provider{Name: name}).check(h.Providers))
+	}
 	if len(seg) < 3 || seg[2].Text != "{" {
-		return d.Errf("provider %s: expected a block of handler directives after the name", name)
+		return wrapAt(seg[0], fmt.Errorf("provider %s: expected a block of handler directives after the name", name))
 	}
 	if helper == nil {
 		return d.Errf("provider blocks need the Caddyfile adapter")

@@ -254,7 +254,10 @@ func unmarshalSettings(d *caddyfile.Dispenser, usage string, settings ...setting
 	d.Next() // the module's name
 	given := make(map[string]bool, len(settings))
 	set := func(s setting, v string) error {
-		if v == "" {
+		switch {
+		case v == "" && s.required:
+			return d.Errf("%s must not be empty (usage: %s)", s.name, usage)
+		case v == "":
 			return d.Errf("%s must not be empty; leave it out for the default (usage: %s)", s.name, usage)
 		}
 		if s.check != nil {
