@@ -140,13 +140,14 @@ type Handler struct {
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 
 	// FailoverOn names the answers that show a provider did not act on a
-	// request: status codes, connect_error and contract. Default
-	// connect_error 429 503.
+	// request: status codes (not 1xx or 2xx), connect_error and contract
+	// (which needs a Contract). Default connect_error 429 503.
 	FailoverOn []string `json:"failover_on,omitempty"`
 
 	// HedgeAfter starts a concurrent attempt on the next provider when the
 	// running one has sent no answer headers for this long. Off unless
-	// set; only for side-effect-free providers.
+	// set; only for side-effect-free providers. Needs two providers or
+	// more, and is shorter than AttemptTimeout.
 	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
 
 	// Providers are tried in the order given, the first being the

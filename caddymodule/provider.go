@@ -16,13 +16,14 @@ import (
 // Provider is one upstream a job's attempts can go to: its own list of
 // routes, as in a subroute (usually a reverse_proxy).
 type Provider struct {
-	// Name identifies the provider in the ledger, logs and metrics; it is
-	// unique within its handler. Providers of the same name in two
-	// handlers are kept apart by each handler's scope.
+	// Name identifies the provider in the ledger, logs and metrics: 1 to
+	// 100 visible characters, no spaces, not "admin", unique within its
+	// handler. Providers of the same name in two handlers are kept apart
+	// by each handler's scope.
 	Name string `json:"name"`
-	// Routes handle the provider's attempts. A reverse_proxy among them
-	// must not send a request again on its own: retry_match and
-	// request_buffers are refused.
+	// Routes handle the provider's attempts; there is at least one. A
+	// reverse_proxy among them must not send a request again on its own:
+	// retry_match and request_buffers are refused.
 	Routes caddyhttp.RouteList `json:"routes,omitempty"`
 
 	handler caddyhttp.Handler
