@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -201,7 +202,7 @@ func (r *RedisLedger) Provision(ctx caddy.Context) error {
 // The URL is required, on the line or in the block.
 func (r *RedisLedger) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return unmarshalSettings(d, "ledger redis <url> [<prefix>]",
-		setting{name: "url", dst: &r.URL, required: true}, setting{name: "prefix", dst: &r.Prefix})
+		setting{name: "url", dst: &r.URL, required: true, check: checkServerURL("redis ledger")}, setting{name: "prefix", dst: &r.Prefix})
 }
 
 // dial is how a ledger on a server opens: within openTimeout, and an error
@@ -234,7 +235,25 @@ func serverURL(what, configured string) (raw, shown string, err error) {
 		}
 		return "", "", fmt.Errorf("%s: invalid url: %w", what, err)
 	}
+	switch u.Scheme {
+	case "redis", "rediss", "unix":
+	default:
+		return "", "", fmt.Errorf("%s: invalid url: the scheme must be redis, rediss or unix, not %q", what, u.Scheme)
+	}
 	return raw, u.Redacted(), nil
+}
+
+// checkServerURL is serverURL's rule for the Caddyfile: a URL without
+// placeholders is judged as written; one with placeholders when the config
+// loads, where they are expanded.
+func checkServerURL(what string) func(string) error {
+	return func(v string) error {
+		if strings.Contains(v, "{") {
+			return nil
+		}
+		_, _, err := serverURL(what, v)
+		return err
+	}
 }
 
 // ledgerModule is what each ledger module of this file is.

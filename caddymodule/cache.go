@@ -69,7 +69,7 @@ func (c *RedisCache) Provision(ctx caddy.Context) error {
 // The URL is required, on the line or in the block.
 func (c *RedisCache) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return unmarshalSettings(d, "cache redis <url> [<prefix>]",
-		setting{name: "url", dst: &c.URL, required: true}, setting{name: "prefix", dst: &c.Prefix})
+		setting{name: "url", dst: &c.URL, required: true, check: checkServerURL("redis cache")}, setting{name: "prefix", dst: &c.Prefix})
 }
 
 // caches holds the open replay caches of this process, by ledger, Redis

@@ -82,17 +82,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper) error {
 	d.Next() // the directive name
+	directive := d.Token()
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
+	seen := map[string]caddyfile.Token{} // each subdirective's first line
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
-		if name != "provider" { // one block per provider; all else once
-			if seen[name] {
-				return d.Errf("duplicate subdirective %q", name)
-			}
-			seen[name] = true
+		if _, dup := seen[name]; dup && name != "provider" { // one block per provider; all else once
+			return d.Errf("duplicate subdirective %q", name)
+		} else if !dup {
+			seen[name] = d.Token()
 		}
 		var err error
 		switch name {
@@ -108,6 +108,18 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 		if err != nil {
 			return err
 		}
+	}
+	// The rules Provision applies, the values together: an error points at
+	// the subdirective it names, else at the directive.
+	if err := h.check(); err != nil {
+		var fe *fieldError
+		tok := directive
+		if errors.As(err, &fe) {
+			if t, ok := seen[fe.name]; ok {
+				tok = t
+			}
+		}
+		return wrapAt(tok, err)
 	}
 	return nil
 }
@@ -150,22 +162,29 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 	var err error
 	switch name {
 	case "scope":
-		if h.Scope, err = one(d, args); err == nil && !validScope(h.Scope) {
-			return d.Errf("scope %q: want 1 to %d visible characters, no spaces", h.Scope, maxScopeLen)
+		if h.Scope, err = one(d, args); err == nil && !validName(h.Scope) {
+			return d.Errf("scope %q: want 1 to %d visible characters, no spaces", h.Scope, maxNameLen)
 		}
 	case "owner":
-		h.Owner, err = one(d, args)
+		if h.Owner, err = one(d, args); err == nil {
+			err = at(d, checkOwner(h.Owner))
+		}
 	case "owner_secret":
-		h.OwnerSecret, err = one(d, args)
+		if h.OwnerSecret, err = one(d, args); err == nil {
+			err = at(d, checkOwnerSecret(h.OwnerSecret))
+		}
 	case "key_header":
 		if h.KeyHeader, err = one(d, args); err == nil {
-			err = checkHeaderNameAt(d, h.KeyHeader)
+			err = at(d, checkKeyHeader(h.KeyHeader))
 		}
 	case "methods":
 		if len(args) == 0 {
 			return d.ArgErr()
 		}
 		for _, m := range args {
+			if err := checkMethod(m); err != nil {
+				return d.WrapErr(err)
+			}
 			h.Methods = append(h.Methods, strings.ToUpper(m))
 		}
 	case "require_key":
@@ -177,7 +196,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		if h.Fingerprint, err = one(d, args); err != nil {
 			return err
 		}
-		if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil {
+		if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil || h.Fingerprint == "" {
 			return d.Errf("fingerprint must be raw, json or graphql, not %q", h.Fingerprint)
 		}
 		return h.parseSelection(d)
@@ -186,33 +205,26 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 			return d.ArgErr()
 		}
 		for _, name := range args {
-			if err := checkHeaderNameAt(d, name); err != nil {
-				return err
+			if err := checkHeaderName(name); err != nil {
+				return d.Errf("fingerprint_headers: %v", err)
 			}
 		}
 		h.FingerprintHeaders = args
-	case "max_request_body":
-		h.MaxRequestBody, err = size(d, args)
-	case "max_response_body":
-		h.MaxResponseBody, err = size(d, args)
-	case "retention":
-		h.Retention, err = duration(d, args)
-	case "attempt_timeout":
-		h.AttemptTimeout, err = duration(d, args)
-	case "attempt_deadline":
-		h.AttemptDeadline, err = duration(d, args)
+	case "max_request_body", "max_response_body":
+		dst := map[string]*int64{"max_request_body": &h.MaxRequestBody, "max_response_body": &h.MaxResponseBody}[name]
+		*dst, err = size(d, name, args)
+	case "retention", "attempt_timeout", "attempt_deadline", "max_wait", "hedge_after":
+		dst := map[string]*caddy.Duration{"retention": &h.Retention, "attempt_timeout": &h.AttemptTimeout,
+			"attempt_deadline": &h.AttemptDeadline, "max_wait": &h.MaxWait, "hedge_after": &h.HedgeAfter}[name]
+		*dst, err = duration(d, name, args)
 	case "in_flight":
 		err = h.parseInFlight(d, args)
-	case "max_wait":
-		h.MaxWait, err = duration(d, args) // refuses 0 and negative: checkMaxWait's rule and more
 	case "status_path":
 		if h.StatusPath, err = one(d, args); err == nil {
 			if perr := checkStatusPath(h.StatusPath); perr != nil {
 				return d.Err(perr.Error())
 			}
 		}
-	case "hedge_after":
-		h.HedgeAfter, err = duration(d, args)
 	case "contract":
 		if len(args) != 0 {
 			return d.ArgErr()
@@ -224,7 +236,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		if len(args) == 0 {
 			return d.ArgErr()
 		}
-		if _, perr := proxy.ParseFailoverOn(args); perr != nil {
+		if _, perr := checkFailoverOn(args); perr != nil {
 			return d.Err(perr.Error())
 		}
 		h.FailoverOn = args
@@ -241,31 +253,56 @@ func one(d *caddyfile.Dispenser, args []string) (string, error) {
 	return args[0], nil
 }
 
-func size(d *caddyfile.Dispenser, args []string) (int64, error) {
+// at adds the current token's file and line to err, if there is one.
+func at(d *caddyfile.Dispenser, err error) error {
+	if err == nil {
+		return nil
+	}
+	return d.WrapErr(err)
+}
+
+// size reads the size of subdirective name: checkSize's rule, and more
+// than 0 (a Caddyfile asks for the default by leaving the line out).
+func size(d *caddyfile.Dispenser, name string, args []string) (int64, error) {
 	s, err := one(d, args)
 	if err != nil {
 		return 0, err
 	}
 	n, err := humanize.ParseBytes(s)
-	if err != nil || n == 0 || n > 1<<40 {
-		return 0, d.Errf("invalid size %q", s)
+	switch {
+	case err != nil:
+		return 0, d.Errf("%s: invalid size %q", name, s)
+	case n == 0:
+		return 0, d.Errf("%s: invalid size %q: it must be more than 0; leave the line out for the default", name, s)
+	case n > maxSize:
+		return 0, d.Errf("%s: invalid size %q: more than 1TiB", name, s)
 	}
 	return int64(n), nil
 }
 
-func duration(d *caddyfile.Dispenser, args []string) (caddy.Duration, error) {
+// duration reads the duration of subdirective name: checkDuration's rule,
+// and more than 0 (a Caddyfile asks for the default by leaving the line
+// out).
+func duration(d *caddyfile.Dispenser, name string, args []string) (caddy.Duration, error) {
 	s, err := one(d, args)
 	if err != nil {
 		return 0, err
 	}
 	v, err := caddy.ParseDuration(s)
-	if err != nil || v <= 0 {
-		return 0, d.Errf("invalid duration %q", s)
+	if err != nil {
+		return 0, d.Errf("%s: invalid duration %q", name, s)
+	}
+	if err := checkDuration(name, caddy.Duration(v)); err != nil {
+		return 0, d.Errf("invalid duration %q: %v", s, err)
+	}
+	if v == 0 {
+		return 0, d.Errf("%s: invalid duration %q: it must be more than 0", name, s)
 	}
 	return caddy.Duration(v), nil
 }
 
 func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
+	start := d.Token()
 	c := &ContractConfig{}
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -295,11 +332,23 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 			if !ok {
 				return d.Errf("contract: unknown rule %q (want status, content_type, json_schema or graphql_schema)", name)
 			}
-			*dst, err = one(d, args)
+			if *dst, err = one(d, args); err != nil {
+				return err
+			}
+			if *dst == "" {
+				return d.Errf("contract: %s must not be empty", name)
+			}
+			if name == "content_type" {
+				_, err = fallback.CompileContract(fallback.ContractSpec{ContentType: c.ContentType})
+				err = at(d, err)
+			}
 		}
 		if err != nil {
 			return err
 		}
+	}
+	if err := c.check(); err != nil {
+		return wrapAt(start, err)
 	}
 	h.Contract = c
 	return nil
@@ -314,12 +363,14 @@ func (h *Handler) parseProbe(d *caddyfile.Dispenser, args []string) error {
 		return d.Err(err.Error())
 	}
 	if len(args) == 3 {
-		p.BodyFile = args[2]
+		if p.BodyFile = args[2]; p.BodyFile == "" {
+			return d.Errf("probe: the body file must not be empty; leave it out for no body")
+		}
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch d.Val() {
 		case "every":
-			v, err := duration(d, d.RemainingArgs())
+			v, err := duration(d, "probe: every", d.RemainingArgs())
 			if err != nil {
 				return err
 			}
@@ -342,14 +393,17 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 		return d.Errf("usage: provider <name> { <handler directives> }")
 	}
 	name := seg[1].Text
+	if len(seg) == 2 && d.Val() == "}" { // an empty block
+		return wrapAt(seg[0], (&Provider{Name: name}).check(h.Providers))
+	}
 	if len(seg) < 3 || seg[2].Text != "{" {
-		return d.Errf("provider %s: expected a block of handler directives after the name", name)
+		return wrapAt(seg[0], fmt.Errorf("provider %s: expected a block of handler directives after the name", name))
 	}
 	if helper == nil {
 		return d.Errf("provider blocks need the Caddyfile adapter")
 	}
 	if err := checkProviderName(name, h.Providers); err != nil {
-		return d.Err(err.Error())
+		return wrapAt(seg[0], err)
 	}
 	p := &Provider{Name: name}
 	rest, own := providerLines(seg[2:], "deduplicates")
@@ -381,6 +435,9 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 		return wrapAt(resendToken(seg, err), fmt.Errorf("provider %s: %w", name, err))
 	}
 	p.Routes = sr.Routes
+	if err := p.check(h.Providers); err != nil {
+		return wrapAt(seg[0], err)
+	}
 	h.Providers = append(h.Providers, p)
 	return nil
 }
@@ -428,14 +485,6 @@ func resendToken(seg caddyfile.Segment, err error) caddyfile.Token {
 	return seg[0]
 }
 
-// checkHeaderNameAt is checkHeaderName with the token's file and line.
-func checkHeaderNameAt(d *caddyfile.Dispenser, name string) error {
-	if err := checkHeaderName(name); err != nil {
-		return d.WrapErr(err)
-	}
-	return nil
-}
-
 // wrapAt adds the token's file and line to err, as the dispenser does.
 func wrapAt(tok caddyfile.Token, err error) error {
 	d := caddyfile.NewDispenser(caddyfile.Segment{tok})
@@ -454,7 +503,7 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser, args []string) error {
 	case reject && len(args) != 1, len(args) > 2:
 		return d.ArgErr()
 	case len(args) == 2:
-		if h.InFlightWait, err = duration(d, args[1:]); err != nil {
+		if h.InFlightWait, err = duration(d, "in_flight wait", args[1:]); err != nil {
 			return err
 		}
 	}

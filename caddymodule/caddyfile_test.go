@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
@@ -73,8 +74,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"require_key arg", "idempotency {\n\trequire_key yes\n}", "wrong argument count"},
 		{"methods empty", "idempotency {\n\tmethods\n}", "wrong argument count"},
 		{"key_header not a name", "idempotency {\n\tkey_header \"Idempotency Key\"\n}", `invalid header name "Idempotency Key", at Testfile:2`},
-		{"max_wait zero", "idempotency {\n\tmax_wait 0s\n}", `invalid duration "0s", at Testfile:2`},
-		{"max_wait negative", "idempotency {\n\tmax_wait -5s\n}", `invalid duration "-5s", at Testfile:2`},
+		{"max_wait zero", "idempotency {\n\tmax_wait 0s\n}", `max_wait: invalid duration "0s": it must be more than 0, at Testfile:2`},
+		{"max_wait negative", "idempotency {\n\tmax_wait -5s\n}", `invalid duration "-5s": max_wait must not be negative, not -5s, at Testfile:2`},
 		{"max_wait not a duration", "idempotency {\n\tmax_wait long\n}", `invalid duration "long", at Testfile:2`},
 		{"max_wait missing", "idempotency {\n\tmax_wait\n}", "wrong argument count"},
 		{"max_wait two args", "idempotency {\n\tmax_wait 1s 2s\n}", "wrong argument count"},
@@ -139,14 +140,13 @@ func TestUnmarshalMaxWaitStatusPath(t *testing.T) {
 // TestMaxWaitStatusPathRules: the JSON rules Provision applies (0 is the
 // default, negative an error; "" is off).
 func TestMaxWaitStatusPathRules(t *testing.T) {
-	if err := checkMaxWait(0); err != nil {
-		t.Errorf("max_wait 0: %v", err)
+	for _, d := range []caddy.Duration{0, caddy.Duration(time.Second)} {
+		if err := (&Handler{MaxWait: d}).check(); err != nil {
+			t.Errorf("max_wait %v: %v", d, err)
+		}
 	}
-	if err := checkMaxWait(time.Second); err != nil {
-		t.Errorf("max_wait 1s: %v", err)
-	}
-	if err := checkMaxWait(-time.Second); err == nil {
-		t.Error("max_wait -1s: no error")
+	if err := (&Handler{MaxWait: -caddy.Duration(time.Second)}).check(); err == nil || err.Error() != "max_wait must not be negative, not -1s" {
+		t.Errorf("max_wait -1s: %v", err)
 	}
 	for _, p := range []string{"/jobs", "/a/b", "/jobs/"} {
 		if err := checkStatusPath(p); err != nil {
@@ -374,11 +374,20 @@ const contractAndProbe = `idempotency {
 }`
 
 func TestUnmarshalContractAndProbe(t *testing.T) {
-	var h Handler
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(contractAndProbe)); err != nil {
+	// A probe needs providers, which only the adapter parses.
+	site := ":8080 {\n" + strings.Replace(contractAndProbe, "\tprobe", "\tprovider a {\n\t\treverse_proxy 127.0.0.1:1\n\t}\n\tprovider b {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\tprobe", 1) + "\n}\n"
+	out, err := adapt(t, site)
+	if err != nil {
 		t.Fatal(err)
 	}
-	got, _ := json.Marshal(h)
+	var h Handler
+	if err := json.Unmarshal(adaptedRoutes(t, out)[0][0], &h); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(struct {
+		Contract *ContractConfig `json:"contract"`
+		Probe    *ProbeConfig    `json:"probe"`
+	}{h.Contract, h.Probe})
 	want := `{"contract":{"status":["2xx","404"],"content_type":"application/json","json_schema":"/etc/schemas/charge.json",` +
 		`"graphql_schema":"/etc/schemas/api.graphql"},"probe":{"method":"POST","path":"/health","body_file":"/etc/probe.json","every":15000000000}}`
 	if string(got) != want {
@@ -387,7 +396,7 @@ func TestUnmarshalContractAndProbe(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"idempotency {\n\tcontract {\n\t\tstatus 7xx\n\t}\n}", `contract: status "7xx" is not a class 1xx to 5xx, at Testfile:3`},
 		{"idempotency {\n\tcontract {\n\t\tschema x\n\t}\n}", `contract: unknown rule "schema"`},
-		{"idempotency {\n\tcontract {\n\t\tcontent_type a\n\t\tcontent_type b\n\t}\n}", `contract: duplicate "content_type", at Testfile:4`},
+		{"idempotency {\n\tcontract {\n\t\tcontent_type a/b\n\t\tcontent_type b/c\n\t}\n}", `contract: duplicate "content_type", at Testfile:4`},
 		{"idempotency {\n\tcontract x\n}", "wrong argument count"},
 		{"idempotency {\n\tprobe GET\n}", "usage: probe <method> <path>"},
 		{"idempotency {\n\tprobe GET health\n}", `probe: the path must start with /, not "health"`},

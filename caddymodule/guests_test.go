@@ -83,7 +83,7 @@ func TestGuestCaddyfileErrors(t *testing.T) {
 		{"cache redis", "usage: cache redis <url> [<prefix>]"},
 		{"cache redis a b c", "usage: cache redis <url> [<prefix>]"},
 		{"cache memcached x", `unknown cache "memcached" (want redis), at Testfile:2`},
-		{"cache redis a\n\tcache redis b", `duplicate subdirective "cache"`},
+		{"cache redis redis://a\n\tcache redis redis://b", `duplicate subdirective "cache"`},
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\t" + tc.in + "\n}"))

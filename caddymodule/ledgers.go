@@ -230,11 +230,14 @@ func guestNames(namespace string) string {
 }
 
 // setting is one string setting of a guest module in a Caddyfile: its
-// subdirective, the JSON field it fills, and whether it must be given.
+// subdirective, the JSON field it fills, whether it must be given, and the
+// rule its value is held to (the one Provision applies, when the value
+// can be judged before the config loads), if any.
 type setting struct {
 	name     string
 	dst      *string
 	required bool
+	check    func(string) error
 }
 
 // unmarshalSettings walks a guest module's Caddyfile segment: the module's
@@ -245,16 +248,34 @@ type setting struct {
 //		<setting> <value>
 //	}
 //
-// usage is the syntax errors show.
+// usage is the syntax errors show. A value given as "" is an error: a
+// setting left out takes its default.
 func unmarshalSettings(d *caddyfile.Dispenser, usage string, settings ...setting) error {
 	d.Next() // the module's name
 	given := make(map[string]bool, len(settings))
+	set := func(s setting, v string) error {
+		switch {
+		case v == "" && s.required:
+			return d.Errf("%s must not be empty (usage: %s)", s.name, usage)
+		case v == "":
+			return d.Errf("%s must not be empty; leave it out for the default (usage: %s)", s.name, usage)
+		}
+		if s.check != nil {
+			if err := s.check(v); err != nil {
+				return d.WrapErr(err)
+			}
+		}
+		*s.dst, given[s.name] = v, true
+		return nil
+	}
 	args := d.RemainingArgs()
 	if len(args) > len(settings) {
 		return d.Errf("usage: %s", usage)
 	}
 	for i, a := range args {
-		*settings[i].dst, given[settings[i].name] = a, true
+		if err := set(settings[i], a); err != nil {
+			return err
+		}
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
@@ -269,7 +290,9 @@ func unmarshalSettings(d *caddyfile.Dispenser, usage string, settings ...setting
 		if len(args) != 1 {
 			return d.ArgErr()
 		}
-		*settings[i].dst, given[name] = args[0], true
+		if err := set(settings[i], args[0]); err != nil {
+			return err
+		}
 	}
 	for _, s := range settings {
 		if s.required && !given[s.name] {

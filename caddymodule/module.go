@@ -140,13 +140,14 @@ type Handler struct {
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 
 	// FailoverOn names the answers that show a provider did not act on a
-	// request: status codes, connect_error and contract. Default
-	// connect_error 429 503.
+	// request: status codes (not 1xx or 2xx), connect_error and contract
+	// (which needs a Contract). Default connect_error 429 503.
 	FailoverOn []string `json:"failover_on,omitempty"`
 
 	// HedgeAfter starts a concurrent attempt on the next provider when the
 	// running one has sent no answer headers for this long. Off unless
-	// set; only for side-effect-free providers.
+	// set; only for side-effect-free providers. Needs two providers or
+	// more, and is shorter than AttemptTimeout.
 	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
 
 	// Providers are tried in the order given, the first being the
@@ -189,6 +190,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets up the ledger and the request flow.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	// Every mistake that can be seen before anything is opened.
+	if err := h.check(); err != nil {
+		return err
+	}
 	var err error
 	if h.scope, err = claimScope(ctx, h.Scope); err != nil {
 		return err
@@ -199,17 +204,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 
 	var providers []proxy.Provider
-	for i, p := range h.Providers {
-		if err := checkProviderName(p.Name, h.Providers[:i]); err != nil {
-			return err
-		}
+	for _, p := range h.Providers {
 		if err := p.provision(ctx); err != nil {
 			return err
-		}
-		if p.Deduplicates != "" {
-			if err := checkHeaderName(p.Deduplicates); err != nil {
-				return fmt.Errorf("provider %s: deduplicates: %w", p.Name, err)
-			}
 		}
 		providers = append(providers, proxy.Provider{Name: p.Name, Handler: p,
 			Deduplicates: http.CanonicalHeaderKey(p.Deduplicates)})
@@ -242,12 +239,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.unregister = registerProviders(h.scope, names)
 
 	if h.Probe != nil {
-		if len(h.Providers) == 0 {
-			return errors.New("probe needs provider blocks: in drop-in mode there is no provider to probe")
-		}
-		if err := h.Probe.check(); err != nil {
-			return err
-		}
 		h.eligible = probedEligible(h.scope, names)
 	}
 
@@ -287,21 +278,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if cfg.InFlightReject, err = inFlightReject(h.InFlight); err != nil {
 		return err
 	}
-	if err := checkMaxWait(time.Duration(h.MaxWait)); err != nil {
-		return err
-	}
-	if h.StatusPath != "" {
-		if err := checkStatusPath(h.StatusPath); err != nil {
-			return err
-		}
-	}
 	if len(h.FailoverOn) > 0 {
-		if cfg.FailoverOn, err = proxy.ParseFailoverOn(h.FailoverOn); err != nil {
+		if cfg.FailoverOn, err = checkFailoverOn(h.FailoverOn); err != nil {
 			return err
 		}
-	}
-	if err := h.checkHeaderNames(); err != nil {
-		return err
 	}
 	if h.mw, err = proxy.New(cfg); err != nil {
 		return err
@@ -337,38 +317,12 @@ func inFlightReject(mode string) (bool, error) {
 	return mode == "reject", nil
 }
 
-// checkMaxWait is the rule of max_wait, in JSON and in a Caddyfile (where
-// the duration parser also refuses 0): a cap on Prefer: wait is positive;
-// 0 in JSON means the default, attempt_deadline.
-func checkMaxWait(d time.Duration) error {
-	if d < 0 {
-		return fmt.Errorf("max_wait must be positive, not %v", d)
-	}
-	return nil
-}
-
 // checkStatusPath is the rule of status_path, in JSON and in a Caddyfile:
 // a path that starts with "/" and is not "/" alone (which would take
 // every GET of the site). In JSON, "" is off.
 func checkStatusPath(p string) error {
 	if p == "" || p[0] != '/' || strings.Trim(p, "/") == "" {
 		return fmt.Errorf("status_path must be a path starting with / other than /, not %q", p)
-	}
-	return nil
-}
-
-// checkHeaderNames refuses a key_header or fingerprint_headers entry that
-// is not a header name.
-func (h *Handler) checkHeaderNames() error {
-	if h.KeyHeader != "" {
-		if err := checkHeaderName(h.KeyHeader); err != nil {
-			return fmt.Errorf("key_header: %w", err)
-		}
-	}
-	for _, name := range h.FingerprintHeaders {
-		if err := checkHeaderName(name); err != nil {
-			return fmt.Errorf("fingerprint_headers: %w", err)
-		}
 	}
 	return nil
 }

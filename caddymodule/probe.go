@@ -31,14 +31,25 @@ type ProbeConfig struct {
 
 const defaultProbeEvery = 30 * time.Second
 
-// check is the rule a probe's request is held to, in JSON and in a
-// Caddyfile: a method token and a path.
+// probeURL is where a probe request goes (in process: the host is never
+// dialled).
+const probeURL = "http://onejob-probe"
+
+// check is the rule a probe is held to, in JSON and in a Caddyfile: a
+// method token, a path a request can have, and an interval that is not
+// negative (0 in JSON is the default).
 func (p *ProbeConfig) check() error {
 	if !validMethod(p.Method) {
 		return fmt.Errorf("probe: invalid method %q", p.Method)
 	}
 	if !strings.HasPrefix(p.Path, "/") {
 		return fmt.Errorf("probe: the path must start with /, not %q", p.Path)
+	}
+	if _, err := http.NewRequest(p.Method, probeURL+p.Path, nil); err != nil {
+		return fmt.Errorf("probe: the path %q cannot be requested", p.Path)
+	}
+	if p.Every < 0 {
+		return fmt.Errorf("probe: every must not be negative, not %v (0 means the default, 30s)", time.Duration(p.Every))
 	}
 	return nil
 }
@@ -98,7 +109,7 @@ func (pr *prober) probe(ctx context.Context, p *Provider) (res ProbeResult) {
 	res.At = time.Now()
 	ctx, cancel := context.WithTimeout(ctx, pr.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, pr.cfg.Method, "http://onejob-probe"+pr.cfg.Path, bytes.NewReader(pr.body))
+	req, err := http.NewRequestWithContext(ctx, pr.cfg.Method, probeURL+pr.cfg.Path, bytes.NewReader(pr.body))
 	if err != nil {
 		res.Error = err.Error()
 		return res

@@ -9,18 +9,21 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // Provider is one upstream a job's attempts can go to: its own list of
 // routes, as in a subroute (usually a reverse_proxy).
 type Provider struct {
-	// Name identifies the provider in the ledger, logs and metrics; it is
-	// unique within its handler. Providers of the same name in two
-	// handlers are kept apart by each handler's scope.
+	// Name identifies the provider in the ledger, logs and metrics: 1 to
+	// 100 visible characters, no spaces, not "admin", unique within its
+	// handler. Providers of the same name in two handlers are kept apart
+	// by each handler's scope.
 	Name string `json:"name"`
-	// Routes handle the provider's attempts. A reverse_proxy among them
-	// must not send a request again on its own: retry_match and
-	// request_buffers are refused.
+	// Routes handle the provider's attempts; there is at least one. A
+	// reverse_proxy among them must not send a request again on its own:
+	// retry_match and request_buffers are refused.
 	Routes caddyhttp.RouteList `json:"routes,omitempty"`
 	// Deduplicates names the request header the provider honours as its
 	// own idempotency key (Idempotency-Key, for many payment APIs): each
@@ -32,15 +35,38 @@ type Provider struct {
 }
 
 // checkProviderName is the rule a provider's name is held to, in JSON and
-// in a Caddyfile: it is given, and no earlier provider of the handler has
-// it.
+// in a Caddyfile: it is given, 1 to 100 visible characters with no spaces,
+// not "admin" (the provider of the attempts an operator completes), and
+// no earlier provider of the handler has it.
 func checkProviderName(name string, earlier []*Provider) error {
-	if name == "" {
+	switch {
+	case name == "":
 		return fmt.Errorf("provider %d has no name", len(earlier)+1)
+	case !validName(name):
+		return fmt.Errorf("provider name %q: want 1 to %d visible characters, no spaces", name, maxNameLen)
+	case name == ledger.AdminProvider:
+		return fmt.Errorf("provider name %q is reserved for the attempts an operator completes", name)
 	}
 	for _, q := range earlier {
 		if q.Name == name {
 			return fmt.Errorf("provider %q is defined twice", name)
+		}
+	}
+	return nil
+}
+
+// check is the rule a provider is held to, in JSON and in a Caddyfile: its
+// name (checkProviderName) and at least one route to send attempts to.
+func (p *Provider) check(earlier []*Provider) error {
+	if err := checkProviderName(p.Name, earlier); err != nil {
+		return err
+	}
+	if len(p.Routes) == 0 {
+		return fmt.Errorf("provider %s has no handlers: every attempt would find no one to answer it", p.Name)
+	}
+	if p.Deduplicates != "" {
+		if err := checkHeaderName(p.Deduplicates); err != nil {
+			return fmt.Errorf("provider %s: deduplicates: %w", p.Name, err)
 		}
 	}
 	return nil

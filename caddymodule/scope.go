@@ -10,13 +10,14 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// maxScopeLen bounds a scope: it is a metric label value and a column of
-// the jobs page.
-const maxScopeLen = 100
+// maxNameLen bounds a scope and a provider's name: each is a metric label
+// value and a column of the jobs page.
+const maxNameLen = 100
 
-// validScope accepts 1 to maxScopeLen visible characters, no white space.
-func validScope(s string) bool {
-	if s == "" || len(s) > maxScopeLen {
+// validName accepts 1 to maxNameLen visible characters, no white space:
+// the rule of a scope and of a provider's name.
+func validName(s string) bool {
+	if s == "" || len(s) > maxNameLen {
 		return false
 	}
 	for _, r := range s {
@@ -46,11 +47,11 @@ type loadScopes struct {
 // as the Scope field's doc comment says. It fails when another handler of
 // the same config already has that scope.
 func claimScope(ctx caddy.Context, explicit string) (string, error) {
-	if explicit != "" && !validScope(explicit) {
-		return "", fmt.Errorf("scope %q: want 1 to %d visible characters, no spaces", explicit, maxScopeLen)
+	if explicit != "" && !validName(explicit) {
+		return "", fmt.Errorf("scope %q: want 1 to %d visible characters, no spaces", explicit, maxNameLen)
 	}
 	server := defaultScopeBase
-	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil && validScope(srv.Name()) {
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil && validName(srv.Name()) {
 		server = srv.Name()
 	}
 

@@ -49,7 +49,7 @@ func TestProvisionRules(t *testing.T) {
 		{Handler{KeyHeader: "Idempotency Key"}, `key_header: invalid header name "Idempotency Key"`},
 		{Handler{FingerprintHeaders: []string{"X-A", "X:B"}}, `fingerprint_headers: invalid header name "X:B"`},
 	} {
-		if err := tc.h.checkHeaderNames(); err == nil || err.Error() != tc.want {
+		if err := tc.h.check(); err == nil || err.Error() != tc.want {
 			t.Errorf("%+v: error %v, want %q", tc.h, err, tc.want)
 		}
 	}
