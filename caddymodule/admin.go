@@ -416,6 +416,10 @@ type attemptJSON struct {
 	StartedAt  *string             `json:"started_at"`
 	FinishedAt *string             `json:"finished_at"`
 	Error      *string             `json:"error"`
+	// Resend marks a re-send to a provider that deduplicates;
+	// Reconciled is "resend" on the re-send that settled the job.
+	Resend     bool    `json:"resend"`
+	Reconciled *string `json:"reconciled"`
 }
 
 func newJobJSON(j *ledger.Job) jobJSON {
@@ -443,6 +447,10 @@ func newJobJSON(j *ledger.Job) jobJSON {
 			StartedAt:  timeJSON(at.StartedAt),
 			FinishedAt: timeJSON(at.FinishedAt),
 			Error:      stringJSON(at.Error),
+			Resend:     at.Resend,
+		}
+		if at.Resend && at.State == ledger.AttemptSucceeded {
+			out.Attempts[i].Reconciled = stringJSON("resend")
 		}
 	}
 	return out

@@ -792,3 +792,31 @@ func TestAdminProviders(t *testing.T) {
 		t.Errorf("probe %v", probe)
 	}
 }
+
+// TestJobJSONReconciled: the admin API marks re-sends, and says
+// "reconciled": "resend" on the one that settled its job.
+func TestJobJSONReconciled(t *testing.T) {
+	j := &ledger.Job{ID: "j", State: ledger.JobCompleted, Attempts: []ledger.Attempt{
+		{Number: 1, ID: "a1", Provider: "pay", State: ledger.AttemptUnknown},
+		{Number: 2, ID: "a2", Provider: "pay", State: ledger.AttemptFailed, Resend: true},
+		{Number: 3, ID: "a3", Provider: "pay", State: ledger.AttemptSucceeded, Resend: true},
+	}}
+	b, err := json.Marshal(newJobJSON(j))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Attempts []struct {
+			Resend     bool    `json:"resend"`
+			Reconciled *string `json:"reconciled"`
+		} `json:"attempts"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	a := doc.Attempts
+	if len(a) != 3 || a[0].Resend || a[0].Reconciled != nil || !a[1].Resend || a[1].Reconciled != nil ||
+		!a[2].Resend || a[2].Reconciled == nil || *a[2].Reconciled != "resend" {
+		t.Errorf("attempts: %s", b)
+	}
+}
