@@ -38,6 +38,8 @@ type adminJob struct {
 		StartedAt  string  `json:"started_at"`
 		FinishedAt *string `json:"finished_at"`
 		Error      *string `json:"error"`
+		Resend     bool    `json:"resend"`
+		Reconciled *string `json:"reconciled"`
 	} `json:"attempts"`
 }
 
