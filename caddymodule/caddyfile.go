@@ -45,6 +45,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			exclude <json-pointer...>
 //		}
 //		fingerprint_headers <name...>
+//		never_store <header...>
+//		encryption {
+//			key <id> <base64 key>
+//		}
 //		status_path <path>
 //		max_request_body <size>
 //		max_response_body <size>
@@ -190,6 +194,18 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 			}
 		}
 		h.FingerprintHeaders = args
+	case "never_store":
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		for _, name := range args {
+			if err := checkNeverStore(name); err != nil {
+				return d.WrapErr(err)
+			}
+		}
+		h.NeverStore = args
+	case "encryption":
+		err = h.parseEncryption(d, args)
 	case "max_request_body":
 		h.MaxRequestBody, err = size(d, args)
 	case "max_response_body":
