@@ -60,6 +60,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: adminJobsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleJob)},
 		{Pattern: adminProvidersPath, Handler: caddy.AdminHandlerFunc(a.handleProviders)},
 		{Pattern: adminCountsPath, Handler: caddy.AdminHandlerFunc(a.handleCounts)},
+		{Pattern: adminPurgePath, Handler: caddy.AdminHandlerFunc(a.handlePurge)},
 		{Pattern: uiPath, Handler: caddy.AdminHandlerFunc(serveUI)},
 	}
 }
@@ -263,7 +264,7 @@ func (a *adminAPI) resolveJob(w http.ResponseWriter, r *http.Request, rawID stri
 	// The operator's answer completes the job with an attempt whose id is
 	// chosen here, so that a repeat of the call is recognized.
 	res.AttemptID = ledger.NewID()
-	j, err := a.inLedgers(func(l ledger.Ledger) (*ledger.Job, error) { return l.Resolve(r.Context(), id, res) })
+	j, err := a.inLedgers(func(l ledger.Ledger) (*ledger.Job, error) { return sealing(l).Resolve(r.Context(), id, res) })
 	switch {
 	case err == nil:
 		a.log().Info("job resolved by an operator",

@@ -46,6 +46,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			exclude <json-pointer...>
 //		}
 //		fingerprint_headers <name...>
+//		never_store <header...>
+//		encryption {
+//			key <id> <base64 key>
+//		}
 //		status_path <path>
 //		max_request_body <size>
 //		max_response_body <size>
@@ -217,6 +221,18 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		dst := map[string]*caddy.Duration{"retention": &h.Retention, "attempt_timeout": &h.AttemptTimeout,
 			"attempt_deadline": &h.AttemptDeadline, "max_wait": &h.MaxWait, "hedge_after": &h.HedgeAfter}[name]
 		*dst, err = duration(d, name, args)
+	case "never_store":
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		for _, name := range args {
+			if err := checkNeverStore(name); err != nil {
+				return d.WrapErr(err)
+			}
+		}
+		h.NeverStore = args
+	case "encryption":
+		err = h.parseEncryption(d, args)
 	case "in_flight":
 		err = h.parseInFlight(d, args)
 	case "status_path":

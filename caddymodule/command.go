@@ -27,19 +27,20 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "idempotency",
-		Usage: "jobs|show|resolve [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
-		Short: "Lists, shows and resolves the idempotency jobs of a running Caddy",
+		Usage: "jobs|show|resolve|purge [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
+		Short: "Lists, shows, resolves and purges the idempotency jobs of a running Caddy",
 		Long: `
-Lists, shows and resolves the jobs of the idempotency gateway of a running
-Caddy, through its admin API (the /idempotency endpoints).
+Lists, shows, resolves and purges the jobs of the idempotency gateway of a
+running Caddy, through its admin API (the /idempotency endpoints).
 
   caddy idempotency jobs [--state S] [--provider P] [--limit N] [--before ID]
   caddy idempotency show <job id>
   caddy idempotency resolve <job id> --cancel
   caddy idempotency resolve <job id> --complete --status N [--body-file F] [--header 'Name: value']...
+  caddy idempotency purge --owner <owner>
 
 With --json, each prints the admin API's answer instead of a table: one
-JSON document (a page of jobs, or a job), for scripts.
+JSON document (a page of jobs, a job, or a purge's counts), for scripts.
 
 The admin endpoint is --address if given, else the one of the config in
 --config (with --adapter), else localhost:2019.
@@ -146,7 +147,7 @@ func idempotencyCommand(cmd *cobra.Command) {
 	resolve.Flags().String("body-file", "", "File holding the answer's body, - for standard input (with --complete)")
 	resolve.Flags().StringArray("header", nil, "A header of the answer, as 'Name: value'; repeatable (with --complete)")
 
-	cmd.AddCommand(jobs, show, resolve)
+	cmd.AddCommand(jobs, show, resolve, purgeCommand())
 }
 
 // resolution reads the resolve subcommand's flags into the body of

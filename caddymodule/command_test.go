@@ -345,7 +345,7 @@ func TestCLIRegistered(t *testing.T) {
 	for _, sub := range cmd.Commands() {
 		names = append(names, sub.Name())
 	}
-	if strings.Join(names, " ") != "jobs resolve show" {
+	if strings.Join(names, " ") != "jobs purge resolve show" {
 		t.Errorf("subcommands: %v", names)
 	}
 }

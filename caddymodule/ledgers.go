@@ -77,6 +77,7 @@ const sweepBatch = 1000
 // ledger's health metrics read (health.go).
 type shared struct {
 	ledger.Ledger
+	key  string // its pool key
 	stop context.CancelFunc
 	done chan struct{}
 
@@ -86,7 +87,7 @@ type shared struct {
 // newShared starts the sweeper of l, the ledger the pool holds under key.
 func newShared(key string, l ledger.Ledger, log *zap.Logger) *shared {
 	ctx, stop := context.WithCancel(context.Background())
-	s := &shared{Ledger: l, stop: stop, done: make(chan struct{}), health: newHealth(key)}
+	s := &shared{Ledger: l, key: key, stop: stop, done: make(chan struct{}), health: newHealth(key)}
 	go s.sweep(ctx, log, sweepEvery)
 	return s
 }

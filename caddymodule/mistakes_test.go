@@ -140,6 +140,11 @@ var mistakes = []mistake{
 	{field: "providers.routes", caddyfile: "provider a {\n\treverse_proxy 127.0.0.1:1 {\n\t\trequest_buffers 1k\n\t}\n}", line: 5,
 		json: `"providers":[{"name":"a","routes":[{"handle":[{"handler":"reverse_proxy","request_buffers":1024}]}]}]`, want: "reverse_proxy request_buffers is not allowed inside a provider"},
 
+	{field: "never_store", caddyfile: "never_store X-A \"Bad Name\"", line: 3, json: `"never_store":["X-A","Bad Name"]`, want: `invalid header name "Bad Name"`},
+	{field: "never_store", caddyfile: "never_store Idempotency-Job-Id", line: 3, json: `"never_store":["Idempotency-Job-Id"]`, want: "Idempotency-Job-Id is the gateway's own header, never stored"},
+	{field: "encryption", caddyfile: "encryption {\n}", line: 4, json: `"encryption":{"keys":[]}`, want: "encryption: needs at least one key"},
+	{field: "encryption", caddyfile: "encryption {\n\tkey k1 c2hvcnQ=\n}", line: 4, json: `"encryption":{"keys":[{"id":"k1","key":"c2hvcnQ="}]}`, want: `key "k1" is 5 bytes, want 32`},
+
 	{field: "providers.deduplicates", caddyfile: "provider a {\n\treverse_proxy 127.0.0.1:1\n\tdeduplicates \"Idem Key\"\n}", line: 5,
 		json: `"providers":[{"name":"a","deduplicates":"Idem Key","routes":[{"handle":[{"handler":"static_response"}]}]}]`, want: `provider a: deduplicates: invalid header name "Idem Key"`},
 	{field: "providers.deduplicates", caddyfile: "provider a {\n\tdeduplicates A B\n\treverse_proxy 127.0.0.1:1\n}", line: 4, want: "provider a: usage: deduplicates [<header>]"},

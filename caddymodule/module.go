@@ -25,6 +25,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/sealed"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -112,6 +114,18 @@ type Handler struct {
 	// larger ones are passed through and not stored. Default 8 MiB.
 	MaxResponseBody int64 `json:"max_response_body,omitempty"`
 
+	// NeverStore names response headers that are never stored nor
+	// replayed, beyond Set-Cookie and the hop-by-hop headers, which never
+	// are: a CSRF token, a per-client signature. The first client still
+	// gets them as the provider sent them; replays, and answers stored
+	// before a name was added, go without them.
+	NeverStore []string `json:"never_store,omitempty"`
+
+	// Encryption seals the headers and bodies of stored answers in the
+	// ledger and in the replay cache (AES-256-GCM), with keys that
+	// rotate by id. Off unless set.
+	Encryption *EncryptionConfig `json:"encryption,omitempty"`
+
 	// Retention is how long a key stays one intent after its job completed
 	// or failed. Default 24h.
 	Retention caddy.Duration `json:"retention,omitempty"`
@@ -176,6 +190,7 @@ type Handler struct {
 	mw         *proxy.Middleware
 	logger     *zap.Logger
 	unregister func()
+	unstack    func()
 	eligible   func(int) bool // nil: every provider may take a failover or hedge
 }
 
@@ -199,6 +214,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	store, err := h.loadLedger(ctx)
+	if err != nil {
+		return err
+	}
+	handlerLedger, err := h.stack(store)
 	if err != nil {
 		return err
 	}
@@ -248,7 +267,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Eligible:           h.eligible,
 		Providers:          providers,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
-		Ledger:             store.Ledger(),
+		Ledger:             handlerLedger,
 		KeyHeader:          h.KeyHeader,
 		Methods:            append([]string(nil), h.Methods...),
 		RequireKey:         h.RequireKey,
@@ -258,6 +277,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		FingerprintExclude: append([]string(nil), h.FingerprintExclude...),
 		MaxRequestBody:     h.MaxRequestBody,
 		MaxResponseBody:    h.MaxResponseBody,
+		NeverStore:         append([]string(nil), h.NeverStore...),
 		Retention:          time.Duration(h.Retention),
 		AttemptTimeout:     time.Duration(h.AttemptTimeout),
 		AttemptDeadline:    time.Duration(h.AttemptDeadline),
@@ -354,12 +374,34 @@ func (h *Handler) loadLedger(ctx caddy.Context) (LedgerModule, error) {
 	return c.Front(truth, []byte(h.OwnerSecret))
 }
 
+// stack returns the ledger the handler's requests use: store's, its
+// answers sealed when Encryption is set; and registers it with the admin
+// API, which purges owners and seals operators' answers.
+func (h *Handler) stack(store LedgerModule) (ledger.Ledger, error) {
+	s := &stack{ledger: store.Ledger(), secret: h.OwnerSecret, hasher: proxy.NewHasher([]byte(h.OwnerSecret)), hold: store.Hold}
+	s.store, s.cache = poolKeys(store)
+	if h.Encryption != nil {
+		var err error
+		if s.keys, err = h.Encryption.keyring(); err != nil {
+			return nil, err
+		}
+	}
+	h.unstack = registerStack(s)
+	if s.keys == nil {
+		return s.ledger, nil
+	}
+	return sealed.New(s.ledger, s.keys), nil
+}
+
 // Cleanup takes the handler's providers off the admin API's list. The
 // ledger and cache modules release their own holds; in-flight attempts
 // hold their own references.
 func (h *Handler) Cleanup() error {
 	if h.unregister != nil {
 		h.unregister()
+	}
+	if h.unstack != nil {
+		h.unstack()
 	}
 	return nil
 }

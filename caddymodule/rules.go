@@ -181,6 +181,11 @@ func (h *Handler) checkValues() error {
 			return at("fingerprint_headers", fmt.Errorf("fingerprint_headers: %w", err))
 		}
 	}
+	for _, name := range h.NeverStore {
+		if err := checkNeverStore(name); err != nil {
+			return at("never_store", fmt.Errorf("never_store: %w", err))
+		}
+	}
 	if h.StatusPath != "" {
 		if err := checkStatusPath(h.StatusPath); err != nil {
 			return at("status_path", err)

@@ -34,12 +34,25 @@ func checkStoredHeader(name string, values []string) error {
 	}
 	key := http.CanonicalHeaderKey(name)
 	if proxy.NeverStored(key) {
-		return fmt.Errorf("header %s is not end-to-end and is never stored", key)
+		return fmt.Errorf("header %s is never stored: it is not end-to-end, or belongs to the first client alone", key)
 	}
 	for _, v := range values {
 		if !httpguts.ValidHeaderFieldValue(v) {
 			return fmt.Errorf("invalid value for header %s", key)
 		}
+	}
+	return nil
+}
+
+// checkNeverStore refuses a never_store entry that is not a header name,
+// or that names a header the gateway itself sets on every answer.
+func checkNeverStore(name string) error {
+	if err := checkHeaderName(name); err != nil {
+		return err
+	}
+	switch key := http.CanonicalHeaderKey(name); key {
+	case proxy.HeaderJobID, proxy.HeaderReplayed, proxy.HeaderExpires:
+		return fmt.Errorf("%s is the gateway's own header, never stored", key)
 	}
 	return nil
 }

@@ -185,21 +185,62 @@ func (c *client) Flush() {
 	}
 }
 
-// hopHeaders are not end-to-end: never stored or replayed.
-var hopHeaders = []string{
-	"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date",
+// neverStoredHeaders are the headers no stored answer carries
+// (docs/contract.md, section 5), each with whether the first client still
+// gets it from the provider. The hop-by-hop headers and Date (which a
+// replay sets anew) are not end-to-end: nobody gets them from a record.
+// Set-Cookie is end-to-end but belongs to the first client alone: a
+// session or a CSRF token handed to every retry would be handed to
+// whoever holds the key. Config.NeverStore adds names of the second kind.
+var neverStoredHeaders = map[string]bool{
+	"Connection": false, "Keep-Alive": false, "Proxy-Authenticate": false, "Proxy-Authorization": false,
+	"Proxy-Connection": false, "Te": false, "Trailer": false, "Transfer-Encoding": false, "Upgrade": false,
+	"Date":       false,
+	"Set-Cookie": true,
 }
 
 // NeverStored reports whether the header named name (in any case) is one no
-// stored answer carries (docs/contract.md, section 5): a hop-by-hop header, or Date,
-// which a replay sets anew. An answer given by other means (an operator's,
-// through the admin API) is held to the same list.
+// stored answer carries (docs/contract.md, section 5): a hop-by-hop header,
+// Date, which a replay sets anew, or Set-Cookie, which only the first
+// client gets. A handler's never_store names more (Middleware.NeverStored).
+// An answer given by other means (an operator's, through the admin API) is
+// held to the same rule.
 func NeverStored(name string) bool {
-	return slices.Contains(hopHeaders, http.CanonicalHeaderKey(name))
+	_, ok := neverStoredHeaders[http.CanonicalHeaderKey(name)]
+	return ok
 }
 
-// storedHeader returns the end-to-end headers of h: the ones a replay sends.
+// NeverStored reports whether the header named name is one that m never
+// stores nor replays: NeverStored's, and the configured Config.NeverStore.
+func (m *Middleware) NeverStored(name string) bool {
+	return NeverStored(name) || slices.Contains(m.cfg.NeverStore, http.CanonicalHeaderKey(name))
+}
+
+// storable returns h without the headers m never stores: the header of an
+// answer as the ledger receives it, and as a replay writes it. h itself is
+// returned when nothing is dropped; otherwise a copy sharing the values.
+func (m *Middleware) storable(h map[string][]string) map[string][]string {
+	drop := 0
+	for k := range h {
+		if m.NeverStored(k) {
+			drop++
+		}
+	}
+	if drop == 0 {
+		return h
+	}
+	out := make(map[string][]string, len(h)-drop)
+	for k, v := range h {
+		if !m.NeverStored(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// storedHeader returns the end-to-end headers of h: the ones the first
+// client gets from a recorded answer. The ledger gets them without the
+// private ones (Middleware.storable).
 func storedHeader(h http.Header) map[string][]string {
 	out := make(map[string][]string, len(h))
 	for k, v := range h {
@@ -212,8 +253,10 @@ func storedHeader(h http.Header) map[string][]string {
 			}
 		}
 	}
-	for _, k := range hopHeaders {
-		delete(out, k)
+	for k, firstClient := range neverStoredHeaders {
+		if !firstClient {
+			delete(out, k)
+		}
 	}
 	delete(out, HeaderJobID)
 	delete(out, HeaderReplayed)

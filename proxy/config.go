@@ -154,7 +154,11 @@ type Config struct {
 
 	MaxRequestBody  int64
 	MaxResponseBody int64
-	Retention       time.Duration
+	// NeverStore names response headers that, beyond the ones NeverStored
+	// names (Set-Cookie among them), are never stored nor replayed: the
+	// first client still gets them as the provider sent them.
+	NeverStore []string
+	Retention  time.Duration
 	// AttemptTimeout bounds the wait for an answer's headers; beyond it the
 	// client gets a 504 and the job is unknown.
 	AttemptTimeout time.Duration
@@ -248,6 +252,11 @@ func (c *Config) setDefaults() error {
 		headers[i] = http.CanonicalHeaderKey(h)
 	}
 	c.FingerprintHeaders = headers
+	never := make([]string, len(c.NeverStore))
+	for i, h := range c.NeverStore {
+		never[i] = http.CanonicalHeaderKey(h)
+	}
+	c.NeverStore = never
 	if _, err := c.selection(); err != nil {
 		return err
 	}

@@ -99,7 +99,7 @@ func (m *Middleware) join(w http.ResponseWriter, r *http.Request, j *ledger.Job,
 		return false
 	}
 	h := w.Header()
-	for k, v := range j.Response.Header {
+	for k, v := range m.storable(j.Response.Header) {
 		h[k] = v
 	}
 	h.Set(HeaderJobID, j.ID)

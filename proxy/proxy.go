@@ -440,7 +440,9 @@ func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Jo
 		return
 	}
 	m.cfg.SetVar(r, "replayed", "true")
-	writeAnswer(w, j.Response, j.ID, true)
+	a := *j.Response
+	a.Header = m.storable(a.Header) // an answer stored before the header was never stored
+	writeAnswer(w, &a, j.ID, true)
 }
 
 // wait holds a duplicate until the job settles or the wait ends (in_flight's,
@@ -526,9 +528,11 @@ func (m *Middleware) unknown(w http.ResponseWriter, jobID string, a *ledger.Atte
 // Ledger calls made for an attempt, detached from the client.
 
 func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.Completion, error) {
+	stored := resp // the first client gets resp; the ledger never the private headers
+	stored.Header = m.storable(resp.Header)
 	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	return ledgerCall(m, ctx, "complete", func(ctx context.Context) (ledger.Completion, error) {
-		return m.cfg.Ledger.Complete(ctx, att.Ref(), resp)
+		return m.cfg.Ledger.Complete(ctx, att.Ref(), stored)
 	})
 }
 

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -45,11 +43,7 @@ func (l *Ledger) Counts(ctx context.Context) (ledger.Counts, error) {
 	}
 	done := false
 	for read := 0; read < countBudget && !done; {
-		upper := "+"
-		if w.cursor != "" {
-			upper = "(" + w.cursor
-		}
-		ids, err := l.client.ZRevRangeByLex(ctx, l.idxKey(), &redis.ZRangeBy{Max: upper, Min: "-", Count: int64(countBatch)}).Result()
+		ids, err := l.indexPage(ctx, w.cursor, countBatch)
 		if err != nil {
 			return ledger.Counts{}, fmt.Errorf("redis ledger: counts: %w", err)
 		}

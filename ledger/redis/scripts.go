@@ -35,7 +35,7 @@ type script struct {
 // scriptSet holds the transition scripts and find (a read), each lib.lua
 // plus its own file.
 type scriptSet struct {
-	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resend, resolve, sweepScan, sweep, find script
+	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resend, resolve, sweepScan, sweep, find, purge script
 }
 
 var scripts = buildScripts()
@@ -72,6 +72,7 @@ func buildScripts() scriptSet {
 		sweepScan:   mk("sweep_scan.lua"),
 		sweep:       mk("sweep.lua"),
 		find:        mk("find.lua"),
+		purge:       mk("purge.lua"),
 	}
 }
 
@@ -84,7 +85,7 @@ func read(name string) string {
 }
 
 func (s scriptSet) all() []script {
-	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resend, s.resolve, s.sweepScan, s.sweep, s.find}
+	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resend, s.resolve, s.sweepScan, s.sweep, s.find, s.purge}
 }
 
 // preload loads every script into the server's script cache in one round

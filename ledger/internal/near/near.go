@@ -4,6 +4,7 @@
 package near
 
 import (
+	"bytes"
 	"container/list"
 	"sync"
 	"time"
@@ -79,6 +80,18 @@ func (n *Cache) remove(e *list.Element) {
 	ent := n.order.Remove(e).(*nearEntry)
 	delete(n.entries, ent.key)
 	n.bytes -= ent.size
+}
+
+// ForgetOwner drops every job of the owner ownerHash: a purge removed
+// them from the ledger, so they no longer answer as the ledger would.
+func (n *Cache) ForgetOwner(ownerHash []byte) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range n.entries {
+		if bytes.Equal(e.Value.(*nearEntry).job.OwnerHash, ownerHash) {
+			n.remove(e)
+		}
+	}
 }
 
 // Len returns the number of jobs held.

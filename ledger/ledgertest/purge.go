@@ -1,0 +1,98 @@
+package ledgertest
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// RunPurge checks a ledger.Purger: a purge removes the owner's settled
+// jobs and nothing else, keeps its pending and unknown ones, and a
+// repeat removes nothing more. Run it beside Run for a ledger that
+// implements ledger.Purger.
+func RunPurge(t *testing.T, h Harness) {
+	l := h.New(t)
+	pl, ok := l.(ledger.Purger)
+	if !ok {
+		t.Fatalf("%T does not implement ledger.Purger", l)
+	}
+	owner := randBytes(32)
+	mine := func(lease ledger.ReserveParams) ledger.ReserveParams {
+		lease.OwnerHash = owner
+		return lease
+	}
+
+	// The owner's jobs: completed (and replayed once, so any cache in
+	// the process holds it), failed, pending, and unknown.
+	pDone := mine(params(long))
+	done := reserve(t, l, pDone, ledger.Created)
+	complete(t, l, done.Attempt, "private answer", true)
+	if r := reserve(t, l, pDone, ledger.Done); string(r.Job.Response.Body) != "private answer" {
+		t.Fatalf("replay %q", r.Job.Response.Body)
+	}
+	pFailed := mine(params(long))
+	failed := reserve(t, l, pFailed, ledger.Created)
+	if _, err := l.Fail(ctx(t), failed.Attempt.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	pPending := mine(params(long))
+	pending := reserve(t, l, pPending, ledger.Created)
+	pUnknown := mine(params(short))
+	unknown := reserve(t, l, pUnknown, ledger.Created)
+	// Another owner's job with the same key as the completed one.
+	pOther := pDone
+	pOther.OwnerHash = randBytes(32)
+	other := reserve(t, l, pOther, ledger.Created)
+	complete(t, l, other.Attempt, "other's answer", true)
+	eventually(t, "the short lease reads unknown", func() bool { return job(t, l, unknown.Job.ID).State == ledger.JobUnknown })
+
+	st, err := pl.Purge(ctx(t), owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != (ledger.PurgeStats{Removed: 2, Kept: 2}) {
+		t.Errorf("purge: %+v, want 2 removed and 2 kept", st)
+	}
+	peer := h.Peer(t, l)
+	for _, id := range []string{done.Job.ID, failed.Job.ID} {
+		for _, x := range []ledger.Ledger{l, peer} {
+			if _, err := x.Job(ctx(t), id); !errors.Is(err, ledger.ErrNotFound) {
+				t.Errorf("purged job %s: err = %v, want ErrNotFound", id, err)
+			}
+		}
+	}
+	wantNotFound(t, l, pDone.OwnerHash, pDone.KeyHash, "a purged job")
+	page, err := l.Jobs(ctx(t), ledger.JobQuery{Limit: ledger.MaxLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range page.Jobs {
+		if j.ID == done.Job.ID || j.ID == failed.Job.ID {
+			t.Errorf("Jobs lists purged job %s", j.ID)
+		}
+	}
+	if j := job(t, l, pending.Job.ID); j.State != ledger.JobPending {
+		t.Errorf("pending job: %s", j.State)
+	}
+	if j := job(t, l, unknown.Job.ID); j.State != ledger.JobUnknown {
+		t.Errorf("unknown job: %s", j.State)
+	}
+	if r := reserve(t, l, pOther, ledger.Done); string(r.Job.Response.Body) != "other's answer" {
+		t.Errorf("another owner's job: %q", r.Job.Response.Body)
+	}
+	// A purged key is a new intent, on this instance (whatever it held in
+	// memory) as on the store.
+	if r := reserve(t, l, pDone, ledger.Created); r.Job.ID == done.Job.ID {
+		t.Errorf("the purged job %s came back", r.Job.ID)
+	}
+	reserve(t, l, pFailed, ledger.Created)
+
+	// A repeat removes nothing more; the new jobs are pending.
+	if st, err := pl.Purge(ctx(t), owner); err != nil || st != (ledger.PurgeStats{Removed: 0, Kept: 4}) {
+		t.Errorf("repeated purge: %+v, %v; want 0 removed and 4 kept", st, err)
+	}
+	if st, err := pl.Purge(ctx(t), randBytes(32)); err != nil || st != (ledger.PurgeStats{}) {
+		t.Errorf("purge of an owner with no job: %+v, %v", st, err)
+	}
+}

@@ -1,0 +1,30 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// purgeQuery removes an owner's settled jobs (their attempts go with them:
+// ON DELETE CASCADE) and counts the ones it keeps, in one statement. The
+// DELETE takes each row's lock, so it waits for a transition under way and
+// then sees the job's state after it; the unique index (owner_hash,
+// key_hash) finds the owner's rows.
+const purgeQuery = `WITH gone AS (
+	DELETE FROM jobs WHERE owner_hash = $1 AND state IN ('completed', 'failed') RETURNING id)
+	SELECT (SELECT count(*) FROM gone),
+		(SELECT count(*) FROM jobs WHERE owner_hash = $1 AND state IN ('pending', 'unknown'))`
+
+// Purge implements ledger.Purger.
+func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
+	var removed, kept int64
+	if err := l.pool.QueryRow(ctx, purgeQuery, ownerHash).Scan(&removed, &kept); err != nil {
+		return ledger.PurgeStats{}, fmt.Errorf("postgres ledger: purge: %w", err)
+	}
+	l.replays.ForgetOwner(ownerHash)
+	return ledger.PurgeStats{Removed: int(removed), Kept: int(kept)}, nil
+}
+
+var _ ledger.Purger = (*Ledger)(nil)

@@ -1,0 +1,41 @@
+-- purge removes the jobs it is given that belong to the owner and are
+-- settled (completed or failed, leases applied), with their attempts,
+-- their index entries and their identity key if it still names them; it
+-- records expired leases of the others, which it keeps. A job already gone
+-- leaves the index. It returns the number of jobs removed and kept.
+--
+-- KEYS: idx, leases, expiry, then job, attempts and identity for each job
+-- ARGV: prefix, owner hash, the job ids
+CTX.leases, CTX.expiry, CTX.channel = KEYS[2], KEYS[3], ARGV[1] .. 'jobs'
+local now = now_us()
+local removed, kept = 0, 0
+local k = 4
+for i = 3, #ARGV do
+	local id = ARGV[i]
+	local jkey, akey, ikey = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+	k = k + 3
+	local J = load_job(jkey, akey)
+	if not J then
+		redis.call('ZREM', KEYS[1], id)
+		redis.call('ZREM', CTX.leases, id)
+	elseif J.owner == ARGV[2] then
+		if not expired(J, now) then
+			local A = load_attempts(J)
+			apply_leases(J, A, now)
+			reindex(J, A)
+		end
+		if J.state == 'completed' or J.state == 'failed' then
+			redis.call('DEL', jkey, akey)
+			redis.call('ZREM', KEYS[1], id)
+			redis.call('ZREM', CTX.leases, id)
+			redis.call('ZREM', CTX.expiry, expiry_member(J))
+			if redis.call('GET', ikey) == id then
+				redis.call('DEL', ikey)
+			end
+			removed = removed + 1
+		else
+			kept = kept + 1
+		end
+	end
+end
+return {removed, kept}
