@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -39,6 +40,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		key_header <name>
 //		methods <method...>
 //		require_key
+//		implicit_key <window>
 //		fingerprint raw | json | graphql
 //		fingerprint json {
 //			include <json-pointer...>
@@ -172,6 +174,11 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 			return d.ArgErr()
 		}
 		h.RequireKey = true
+		err = h.checkImplicitKey(d)
+	case "implicit_key":
+		if h.ImplicitKey, err = duration(d, args); err == nil {
+			err = h.checkImplicitKey(d)
+		}
 	case "fingerprint":
 		if h.Fingerprint, err = one(d, args); err != nil {
 			return err
@@ -231,6 +238,15 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		return d.Errf("unknown subdirective %q", name)
 	}
 	return err
+}
+
+// checkImplicitKey applies the rule Provision applies to implicit_key and
+// require_key, at the line of the second of the two.
+func (h *Handler) checkImplicitKey(d *caddyfile.Dispenser) error {
+	if err := proxy.CheckImplicitKey(time.Duration(h.ImplicitKey), h.RequireKey); err != nil {
+		return d.Err(err.Error())
+	}
+	return nil
 }
 
 func one(d *caddyfile.Dispenser, args []string) (string, error) {

@@ -76,6 +76,14 @@ type Handler struct {
 	// RequireKey answers 400 to a ledgered method without a key.
 	RequireKey bool `json:"require_key,omitempty"`
 
+	// ImplicitKey, when set, keys a ledgered request that carries no key
+	// by its owner and fingerprint (the key implicit:<fingerprint>), so
+	// that the retries of a client that sends no key are one job; its job
+	// expires this long after it completed or failed, instead of
+	// Retention. Two intended, identical requests within the window are
+	// one job too. Off unless set; not together with RequireKey.
+	ImplicitKey caddy.Duration `json:"implicit_key,omitempty"`
+
 	// Fingerprint says how the body enters the request fingerprint: raw,
 	// json (canonical JSON) or graphql (the operation printed canonically,
 	// variables as canonical JSON, operationName; only mutations are
@@ -255,6 +263,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		KeyHeader:          h.KeyHeader,
 		Methods:            append([]string(nil), h.Methods...),
 		RequireKey:         h.RequireKey,
+		ImplicitKey:        time.Duration(h.ImplicitKey),
 		OwnerSecret:        []byte(h.OwnerSecret),
 		FingerprintHeaders: append([]string(nil), h.FingerprintHeaders...),
 		FingerprintInclude: append([]string(nil), h.FingerprintInclude...),
