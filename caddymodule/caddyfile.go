@@ -60,7 +60,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		contract {
 //			status <code|2xx...>
 //			content_type <media-type>
-//			json_schema <file>
+//			json_schema <file> [at <json-pointer>]
 //			graphql_schema <file>
 //		}
 //		probe <method> <path> [<body-file>] {
@@ -292,6 +292,8 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 		args := d.RemainingArgs()
 		var err error
 		switch name {
+		case "json_schema":
+			err = parseJSONSchema(d, c, args)
 		case "status":
 			if len(args) == 0 {
 				return d.ArgErr()
@@ -304,7 +306,6 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 		default:
 			dst, ok := map[string]*string{
 				"content_type":   &c.ContentType,
-				"json_schema":    &c.JSONSchema,
 				"graphql_schema": &c.GraphQLSchema,
 			}[name]
 			if !ok {
@@ -317,6 +318,22 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 		}
 	}
 	h.Contract = c
+	return nil
+}
+
+// parseJSONSchema reads "json_schema <file> [at <json-pointer>]".
+func parseJSONSchema(d *caddyfile.Dispenser, c *ContractConfig, args []string) error {
+	switch {
+	case len(args) == 1:
+	case len(args) == 3 && args[1] == "at":
+		if _, err := proxy.ParsePointer(args[2]); err != nil {
+			return d.Errf("contract: json_schema at: %v", err)
+		}
+		c.JSONSchemaAt = args[2]
+	default:
+		return d.Errf("usage: json_schema <file> [at <json-pointer>]")
+	}
+	c.JSONSchema = args[0]
 	return nil
 }
 

@@ -227,6 +227,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			Statuses:      h.Contract.Status,
 			ContentType:   h.Contract.ContentType,
 			JSONSchema:    h.Contract.JSONSchema,
+			JSONSchemaAt:  h.Contract.JSONSchemaAt,
 			GraphQLSchema: h.Contract.GraphQLSchema,
 		})
 		if err != nil {
@@ -455,6 +456,13 @@ type ContractConfig struct {
 	ContentType string `json:"content_type,omitempty"`
 	// JSONSchema is a JSON Schema file (draft 2020-12) answers must match.
 	JSONSchema string `json:"json_schema,omitempty"`
+	// JSONSchemaAt is a JSON Pointer (RFC 6901) to the member of the
+	// answer that JSONSchema checks, instead of the whole body: a string
+	// there is parsed as JSON first (a model's structured output:
+	// /choices/0/message/content, /content/0/text), and a streamed
+	// completion (text/event-stream, OpenAI- or Anthropic-style deltas) is
+	// assembled into the non-streamed layout first. Needs JSONSchema.
+	JSONSchemaAt string `json:"json_schema_at,omitempty"`
 	// GraphQLSchema is a GraphQL SDL file: an answer's data must match the
 	// selection set of the request's operation, typed by this schema.
 	GraphQLSchema string `json:"graphql_schema,omitempty"`
