@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -40,6 +41,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		key_header <name>
 //		methods <method...>
 //		require_key
+//		implicit_key <window>
 //		fingerprint raw | json | graphql
 //		fingerprint json {
 //			include <json-pointer...>
@@ -63,7 +65,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		contract {
 //			status <code|2xx...>
 //			content_type <media-type>
-//			json_schema <file>
+//			json_schema <file> [at <json-pointer>]
 //			graphql_schema <file>
 //		}
 //		probe <method> <path> [<body-file>] {
@@ -196,6 +198,11 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 			return d.ArgErr()
 		}
 		h.RequireKey = true
+		err = h.checkImplicitKey(d)
+	case "implicit_key":
+		if h.ImplicitKey, err = duration(d, name, args); err == nil {
+			err = h.checkImplicitKey(d)
+		}
 	case "fingerprint":
 		if h.Fingerprint, err = one(d, args); err != nil {
 			return err
@@ -260,6 +267,15 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		return d.Errf("unknown subdirective %q", name)
 	}
 	return err
+}
+
+// checkImplicitKey applies the rule Provision applies to implicit_key and
+// require_key, at the line of the second of the two.
+func (h *Handler) checkImplicitKey(d *caddyfile.Dispenser) error {
+	if err := proxy.CheckImplicitKey(time.Duration(h.ImplicitKey), h.RequireKey); err != nil {
+		return d.Err(err.Error())
+	}
+	return nil
 }
 
 func one(d *caddyfile.Dispenser, args []string) (string, error) {
@@ -330,6 +346,8 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 		args := d.RemainingArgs()
 		var err error
 		switch name {
+		case "json_schema":
+			err = parseJSONSchema(d, c, args)
 		case "status":
 			if len(args) == 0 {
 				return d.ArgErr()
@@ -342,7 +360,6 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 		default:
 			dst, ok := map[string]*string{
 				"content_type":   &c.ContentType,
-				"json_schema":    &c.JSONSchema,
 				"graphql_schema": &c.GraphQLSchema,
 			}[name]
 			if !ok {
@@ -367,6 +384,25 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 		return wrapAt(start, err)
 	}
 	h.Contract = c
+	return nil
+}
+
+// parseJSONSchema reads "json_schema <file> [at <json-pointer>]".
+func parseJSONSchema(d *caddyfile.Dispenser, c *ContractConfig, args []string) error {
+	switch {
+	case len(args) == 1:
+	case len(args) == 3 && args[1] == "at":
+		if _, err := proxy.ParsePointer(args[2]); err != nil {
+			return d.Errf("contract: json_schema at: %v", err)
+		}
+		c.JSONSchemaAt = args[2]
+	default:
+		return d.Errf("usage: json_schema <file> [at <json-pointer>]")
+	}
+	if args[0] == "" {
+		return d.Errf("contract: json_schema must not be empty")
+	}
+	c.JSONSchema = args[0]
 	return nil
 }
 

@@ -393,11 +393,23 @@ func TestUnmarshalContractAndProbe(t *testing.T) {
 	if string(got) != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
+	var at Handler
+	if err := at.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\tcontract {\n\t\tjson_schema /etc/answer.json at /choices/0/message/content\n\t}\n}")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := json.Marshal(at); string(got) != `{"contract":{"json_schema":"/etc/answer.json","json_schema_at":"/choices/0/message/content"}}` {
+		t.Errorf("json_schema at: %s", got)
+	}
 	for _, tc := range []struct{ in, want string }{
 		{"idempotency {\n\tcontract {\n\t\tstatus 7xx\n\t}\n}", `contract: status "7xx" is not a class 1xx to 5xx, at Testfile:3`},
 		{"idempotency {\n\tcontract {\n\t\tschema x\n\t}\n}", `contract: unknown rule "schema"`},
 		{"idempotency {\n\tcontract {\n\t\tcontent_type a/b\n\t\tcontent_type b/c\n\t}\n}", `contract: duplicate "content_type", at Testfile:4`},
 		{"idempotency {\n\tcontract x\n}", "wrong argument count"},
+		{"idempotency {\n\tcontract {\n\t\tjson_schema\n\t}\n}", "usage: json_schema <file> [at <json-pointer>], at Testfile:3"},
+		{"idempotency {\n\tcontract {\n\t\tjson_schema a.json at\n\t}\n}", "usage: json_schema <file> [at <json-pointer>], at Testfile:3"},
+		{"idempotency {\n\tcontract {\n\t\tjson_schema a.json in /x\n\t}\n}", "usage: json_schema <file> [at <json-pointer>], at Testfile:3"},
+		{"idempotency {\n\tcontract {\n\n\t\tjson_schema a.json at choices/0\n\t}\n}", `contract: json_schema at: JSON pointer "choices/0" must start with /, at Testfile:4`},
+		{"idempotency {\n\tcontract {\n\t\tjson_schema a.json at /a~x\n\t}\n}", `"~" must be followed by 0 or 1, at Testfile:3`},
 		{"idempotency {\n\tprobe GET\n}", "usage: probe <method> <path>"},
 		{"idempotency {\n\tprobe GET health\n}", `probe: the path must start with /, not "health"`},
 		{"idempotency {\n\tprobe G(T /h\n}", `probe: invalid method "G(T", at Testfile:2`},

@@ -73,6 +73,9 @@ var caddyfileSeeds = []string{
 	"idempotency {\n\tkey_header \"\"\n}",
 	"idempotency {\n\tfingerprint_headers \"\"\n}",
 	"idempotency {\n\tmethods \"\"\n}",
+	"idempotency {\n\timplicit_key 10m\n\trequire_key\n}",
+	"idempotency {\n\tcontract {\n\t\tjson_schema a.json at /choices/0/message/content\n\t}\n}",
+	"idempotency {\n\tcontract {\n\t\tjson_schema a.json at\n\t}\n}",
 }
 
 // FuzzUnmarshalCaddyfile feeds arbitrary Caddyfile text to the directive,

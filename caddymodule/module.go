@@ -78,6 +78,14 @@ type Handler struct {
 	// RequireKey answers 400 to a ledgered method without a key.
 	RequireKey bool `json:"require_key,omitempty"`
 
+	// ImplicitKey, when set, keys a ledgered request that carries no key
+	// by its owner and fingerprint (the key implicit:<fingerprint>), so
+	// that the retries of a client that sends no key are one job; its job
+	// expires this long after it completed or failed, instead of
+	// Retention. Two intended, identical requests within the window are
+	// one job too. Off unless set; not together with RequireKey.
+	ImplicitKey caddy.Duration `json:"implicit_key,omitempty"`
+
 	// Fingerprint says how the body enters the request fingerprint: raw,
 	// json (canonical JSON) or graphql (the operation printed canonically,
 	// variables as canonical JSON, operationName; only mutations are
@@ -241,6 +249,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			Statuses:      h.Contract.Status,
 			ContentType:   h.Contract.ContentType,
 			JSONSchema:    h.Contract.JSONSchema,
+			JSONSchemaAt:  h.Contract.JSONSchemaAt,
 			GraphQLSchema: h.Contract.GraphQLSchema,
 		})
 		if err != nil {
@@ -271,6 +280,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		KeyHeader:          h.KeyHeader,
 		Methods:            append([]string(nil), h.Methods...),
 		RequireKey:         h.RequireKey,
+		ImplicitKey:        time.Duration(h.ImplicitKey),
 		OwnerSecret:        []byte(h.OwnerSecret),
 		FingerprintHeaders: append([]string(nil), h.FingerprintHeaders...),
 		FingerprintInclude: append([]string(nil), h.FingerprintInclude...),
@@ -448,6 +458,13 @@ type ContractConfig struct {
 	ContentType string `json:"content_type,omitempty"`
 	// JSONSchema is a JSON Schema file (draft 2020-12) answers must match.
 	JSONSchema string `json:"json_schema,omitempty"`
+	// JSONSchemaAt is a JSON Pointer (RFC 6901) to the member of the
+	// answer that JSONSchema checks, instead of the whole body: a string
+	// there is parsed as JSON first (a model's structured output:
+	// /choices/0/message/content, /content/0/text), and a streamed
+	// completion (text/event-stream, OpenAI- or Anthropic-style deltas) is
+	// assembled into the non-streamed layout first. Needs JSONSchema.
+	JSONSchemaAt string `json:"json_schema_at,omitempty"`
 	// GraphQLSchema is a GraphQL SDL file: an answer's data must match the
 	// selection set of the request's operation, typed by this schema.
 	GraphQLSchema string `json:"graphql_schema,omitempty"`

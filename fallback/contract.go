@@ -20,6 +20,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
+
+	"github.com/onejob/onejob/internal/jsonpointer"
 )
 
 // ContractSpec is the configuration of a contract (from the Caddyfile's
@@ -34,6 +36,13 @@ type ContractSpec struct {
 	// JSONSchema is the path of a JSON Schema file the body must be valid
 	// against (draft 2020-12 unless the file says otherwise); "" is none.
 	JSONSchema string
+	// JSONSchemaAt, when set, is a JSON Pointer (RFC 6901) to the member
+	// of the body JSONSchema checks instead of the whole body: a string
+	// there is parsed as JSON first (a model's structured output, as in
+	// /choices/0/message/content), and a streamed completion
+	// (text/event-stream) is assembled from its deltas first (see
+	// AssembleStream). Needs JSONSchema.
+	JSONSchemaAt string
 	// GraphQLSchema is the path of a GraphQL SDL schema file; the body must
 	// be a GraphQL response that fits the client's operation; "" is none.
 	GraphQLSchema string
@@ -45,6 +54,7 @@ type Contract struct {
 	classes     [6]bool // classes[2]: 2xx
 	contentType string  // lower-case type/subtype; "" is not checked
 	jsonSchema  *jsonschema.Schema
+	at          jsonpointer.Pointer // the member jsonSchema checks; nil: the body
 	graphql     *graphQLSchema
 }
 
@@ -92,6 +102,16 @@ func CompileContract(spec ContractSpec) (*Contract, error) {
 			return nil, fmt.Errorf("contract: json_schema %s: %s", spec.JSONSchema, oneLine(err.Error(), 400))
 		}
 		c.jsonSchema = sch
+	}
+	if spec.JSONSchemaAt != "" {
+		if spec.JSONSchema == "" {
+			return nil, errors.New("contract: json_schema at " + spec.JSONSchemaAt + ": a pointer needs a schema file")
+		}
+		p, err := jsonpointer.Parse(spec.JSONSchemaAt)
+		if err != nil {
+			return nil, fmt.Errorf("contract: json_schema at: %w", err)
+		}
+		c.at = p
 	}
 	if spec.GraphQLSchema != "" {
 		g, err := loadGraphQLSchema(spec.GraphQLSchema)
@@ -173,16 +193,20 @@ func (c *Contract) Check(status int, h http.Header, body []byte, request []byte)
 	if !c.ChecksBody() {
 		return nil
 	}
-	doc, jsonErr := decodeJSON(body)
 	if c.jsonSchema != nil {
-		if jsonErr != nil {
-			return breach(RuleJSONSchema, "body is not JSON: "+jsonErr.Error())
+		doc, detail := c.checkedJSON(h, body)
+		if detail != "" {
+			return breach(RuleJSONSchema, detail)
 		}
 		if err := c.jsonSchema.Validate(doc); err != nil {
+			if c.at != nil {
+				return breach(RuleJSONSchema, "in "+c.at.String()+", "+describeValidation(err))
+			}
 			return breach(RuleJSONSchema, describeValidation(err))
 		}
 	}
 	if c.graphql != nil {
+		doc, jsonErr := decodeJSON(body)
 		if jsonErr != nil {
 			return breach(RuleGraphQLSchema, "body is not JSON: "+jsonErr.Error())
 		}
@@ -191,6 +215,53 @@ func (c *Contract) Check(status int, h http.Header, body []byte, request []byte)
 		}
 	}
 	return nil
+}
+
+// checkedJSON returns the JSON value the schema checks, decoded, or says
+// why there is none: the body; or with at, the member at the pointer, in
+// a streamed completion assembled first, and parsed as JSON when it is a
+// string.
+func (c *Contract) checkedJSON(h http.Header, body []byte) (any, string) {
+	if c.at == nil {
+		doc, err := decodeJSON(body)
+		if err != nil {
+			return nil, "body is not JSON: " + err.Error()
+		}
+		return doc, ""
+	}
+	if IsEventStream(h) {
+		doc, err := AssembleStream(body)
+		if err != nil {
+			return nil, "stream: " + err.Error()
+		}
+		body = doc
+	} else if !json.Valid(body) {
+		_, err := decodeJSON(body)
+		if err == nil { // valid after all: json.Valid and the decoder disagree
+			err = errors.New("invalid JSON")
+		}
+		return nil, "body is not JSON: " + err.Error()
+	}
+	member, ok := c.at.Lookup(bytes.TrimSpace(body))
+	if !ok {
+		return nil, "no member at " + c.at.String()
+	}
+	if member[0] == '"' {
+		var text string
+		if err := json.Unmarshal(member, &text); err != nil {
+			return nil, c.at.String() + ": " + err.Error()
+		}
+		doc, err := decodeJSON([]byte(text))
+		if err != nil {
+			return nil, c.at.String() + " is a string that is not JSON: " + err.Error()
+		}
+		return doc, ""
+	}
+	doc, err := decodeJSON(member)
+	if err != nil {
+		return nil, c.at.String() + ": " + err.Error()
+	}
+	return doc, ""
 }
 
 // decodeJSON decodes one JSON value, numbers as json.Number, as the JSON

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+
+	"github.com/onejob/onejob/fallback"
 )
 
 // capture is the ResponseWriter an attempt's handler writes to. It buffers
@@ -51,14 +53,9 @@ func (c *capture) WriteHeader(code int) {
 	}
 	c.wrote, c.status = true, code
 	c.hooks.headers(c)
-	if isEventStream(c.header) {
+	if fallback.IsEventStream(c.header) {
 		c.tryCommit(false)
 	}
-}
-
-func isEventStream(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	return len(ct) >= 17 && bytes.EqualFold([]byte(ct[:17]), []byte("text/event-stream"))
 }
 
 func (c *capture) tryCommit(overflow bool) {

@@ -129,6 +129,13 @@ type Config struct {
 	Methods []string
 	// RequireKey makes a ledgered method without a key a 400.
 	RequireKey bool
+	// ImplicitKey, when positive, keys a ledgered request that carries no
+	// key by its fingerprint, within its owner ("implicit:" and the
+	// fingerprint in hex), and its job expires ImplicitKey after it
+	// completed or failed instead of Retention. Two intended, identical
+	// requests within that window are one job. 0 is off; not together
+	// with RequireKey.
+	ImplicitKey time.Duration
 	// Owner returns the owner of a request; "" means no owner (401).
 	// Default: the Authorization header.
 	Owner func(*http.Request) string
@@ -233,6 +240,9 @@ func (c *Config) setDefaults() error {
 		c.KeyHeader = DefaultKeyHeader
 	}
 	c.KeyHeader = http.CanonicalHeaderKey(c.KeyHeader)
+	if err := CheckImplicitKey(c.ImplicitKey, c.RequireKey); err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
 	methods := []string{http.MethodPost, http.MethodPatch}
 	if len(c.Methods) > 0 {
 		methods = make([]string, len(c.Methods))
@@ -307,6 +317,19 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// CheckImplicitKey is the rule of implicit_key, in JSON and in a
+// Caddyfile: a window that is not negative (0 is off), and never with
+// require_key (a request without a key cannot be both refused and keyed).
+func CheckImplicitKey(window time.Duration, requireKey bool) error {
+	switch {
+	case window < 0:
+		return fmt.Errorf("implicit_key must be a positive window, not %v", window)
+	case window > 0 && requireKey:
+		return errors.New("implicit_key and require_key together: a request without a key is either refused or keyed by its fingerprint, not both")
 	}
 	return nil
 }

@@ -4,67 +4,19 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
-	"strconv"
-	"strings"
+
+	"github.com/onejob/onejob/internal/jsonpointer"
 )
 
 // A Pointer is a parsed JSON Pointer (RFC 6901): the unescaped reference
 // tokens of a path into a JSON document.
-type Pointer []string
+type Pointer = jsonpointer.Pointer
 
-// ParsePointer parses a JSON Pointer that names a member: it starts with
-// "/", each "~" is followed by "0" or "1", and no token is "-" (which names
-// the element after an array's last, never one a request holds). The
-// pointer to the whole document, "", is refused: it names no member.
-func ParsePointer(s string) (Pointer, error) {
-	if s == "" {
-		return nil, errors.New(`the JSON pointer "" is the whole body, not a member`)
-	}
-	if s[0] != '/' {
-		return nil, fmt.Errorf("JSON pointer %q must start with /", s)
-	}
-	tokens := strings.Split(s[1:], "/")
-	for i, tok := range tokens {
-		if tok == "-" {
-			return nil, fmt.Errorf(`JSON pointer %q: "-" names no element a request holds`, s)
-		}
-		for j := 0; j < len(tok); j++ {
-			if tok[j] == '~' && (j+1 == len(tok) || (tok[j+1] != '0' && tok[j+1] != '1')) {
-				return nil, fmt.Errorf(`JSON pointer %q: "~" must be followed by 0 or 1`, s)
-			}
-		}
-		// RFC 6901 section 4: ~1 first, then ~0, so "~01" is "~1".
-		tokens[i] = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-	}
-	return tokens, nil
-}
-
-// String returns p as a JSON Pointer, escaped.
-func (p Pointer) String() string {
-	var b strings.Builder
-	for _, tok := range p {
-		b.WriteByte('/')
-		b.WriteString(strings.ReplaceAll(strings.ReplaceAll(tok, "~", "~0"), "/", "~1"))
-	}
-	return b.String()
-}
-
-// arrayIndex reads a reference token as an array index: "0", or digits
-// without a leading zero.
-func arrayIndex(tok string, n int) (int, bool) {
-	if tok == "" || (len(tok) > 1 && tok[0] == '0') {
-		return 0, false
-	}
-	for i := 0; i < len(tok); i++ {
-		if tok[i] < '0' || tok[i] > '9' {
-			return 0, false
-		}
-	}
-	i, err := strconv.Atoi(tok)
-	return i, err == nil && i < n
-}
+// ParsePointer parses a JSON Pointer that names a member (see
+// jsonpointer.Parse): the pointer to the whole document, "", and the
+// token "-" are refused.
+func ParsePointer(s string) (Pointer, error) { return jsonpointer.Parse(s) }
 
 // selection names the members of a JSON body that enter its fingerprint:
 // only the included ones, or all but the excluded ones.
@@ -123,45 +75,13 @@ func (s *selection) apply(canon []byte) ([]byte, bool) {
 	var out []byte
 	for _, p := range s.pointers {
 		out = appendField(out, []byte(p.String()))
-		if v, ok := lookup(canon, p); ok {
+		if v, ok := p.Lookup(canon); ok {
 			out = appendField(append(out, 'p'), v)
 		} else {
 			out = append(out, 'a')
 		}
 	}
 	return out, true
-}
-
-// lookup returns the member of doc (valid JSON) at p, as it is written in
-// doc (so canonical when doc is).
-func lookup(doc json.RawMessage, p Pointer) (json.RawMessage, bool) {
-	for _, tok := range p {
-		switch doc[0] {
-		case '{':
-			var m map[string]json.RawMessage
-			if json.Unmarshal(doc, &m) != nil {
-				return nil, false
-			}
-			v, ok := m[tok]
-			if !ok {
-				return nil, false
-			}
-			doc = v
-		case '[':
-			var a []json.RawMessage
-			if json.Unmarshal(doc, &a) != nil {
-				return nil, false
-			}
-			i, ok := arrayIndex(tok, len(a))
-			if !ok {
-				return nil, false
-			}
-			doc = a[i]
-		default:
-			return nil, false
-		}
-	}
-	return doc, true
 }
 
 // without returns doc (valid JSON) with the member at p removed: an object
@@ -191,7 +111,7 @@ func without(doc json.RawMessage, p Pointer) json.RawMessage {
 		if json.Unmarshal(doc, &a) != nil {
 			return nil
 		}
-		i, ok := arrayIndex(tok, len(a))
+		i, ok := jsonpointer.ArrayIndex(tok, len(a))
 		if !ok {
 			return doc
 		}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -84,23 +85,29 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		return next.ServeHTTP(w, r)
 	}
 	values := r.Header.Values(m.cfg.KeyHeader)
-	if len(values) == 0 {
+	// implicit: the request has no key and is keyed by its fingerprint
+	// (implicit_key), once that is computed.
+	implicit := len(values) == 0 && m.cfg.ImplicitKey > 0
+	var key string
+	switch {
+	case implicit:
+	case len(values) == 0:
 		if m.cfg.RequireKey {
 			m.reject(w, problem(http.StatusBadRequest, ProblemKeyMissing, "Idempotency key missing").
 				withDetail("This endpoint requires the "+m.cfg.KeyHeader+" header."))
 			return nil
 		}
 		return next.ServeHTTP(w, r)
-	}
-	if len(values) > 1 {
+	case len(values) > 1:
 		m.reject(w, problem(http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key").
 			withDetail("The request has more than one "+m.cfg.KeyHeader+" header."))
 		return nil
-	}
-	key, err := ParseKey(values[0])
-	if err != nil {
-		m.reject(w, problem(http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key").withDetail(err.Error()+"."))
-		return nil
+	default:
+		var err error
+		if key, err = ParseKey(values[0]); err != nil {
+			m.reject(w, problem(http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key").withDetail(err.Error()+"."))
+			return nil
+		}
 	}
 	owner := m.cfg.Owner(r)
 	if owner == "" {
@@ -133,13 +140,16 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	params := ledger.ReserveParams{
 		JobID:              ledger.NewID(),
 		OwnerHash:          m.hasher.Owner(owner),
-		KeyHash:            m.hasher.Key(key),
 		Fingerprint:        m.fp.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body),
 		FingerprintVersion: m.fp.version(),
 		FingerprintScheme:  m.fp.scheme,
 		Retention:          m.cfg.Retention,
 		Attempt:            ledger.NewAttempt(m.cfg.Providers[0].Name, m.cfg.AttemptDeadline),
 	}
+	if implicit {
+		key, params.Retention = ImplicitKey(params.Fingerprint), m.cfg.ImplicitKey
+	}
+	params.KeyHash = m.hasher.Key(key)
 	// A ledger that does not answer is a ledger that cannot reserve: the
 	// wait is bounded, like every ledger call of an attempt, and ends in a
 	// 503 rather than holding the client (and a goroutine) indefinitely.
@@ -212,6 +222,13 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		m.unknown(w, jobID, res.Attempt, res.Now)
 	}
 	return nil
+}
+
+// ImplicitKey is the key of a request that carries none, under
+// implicit_key: "implicit:" and its fingerprint in hex. It is a key of
+// its owner like any other (GET <status_path>/<key> finds its job).
+func ImplicitKey(fingerprint []byte) string {
+	return "implicit:" + hex.EncodeToString(fingerprint)
 }
 
 // sendable reports whether a reservation's attempt may still be sent: it

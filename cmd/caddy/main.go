@@ -1,6 +1,7 @@
 // Command caddy is Caddy with its standard modules and the onejob
 // idempotency gateway, imported as a plugin (package onejob), as xcaddy
-// would build it.
+// would build it, and the demo modules Caddyfile.example uses (the demo
+// model, package demomodel), which the plugin never has.
 package main
 
 import (
@@ -9,6 +10,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/onejob/onejob"
+	_ "github.com/onejob/onejob/cmd/caddy/demomodel"
 )
 
 func main() {
