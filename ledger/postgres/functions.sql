@@ -447,54 +447,15 @@ BEGIN
 	RETURN 'ok';
 END $$;
 
--- hedge starts the concurrent attempt p_attempt on a pending job, keeping
--- its version. A repeat returns the attempt as it is now.
-CREATE FUNCTION {{fn}}.hedge(p_job uuid, p_version bigint, p_attempt uuid, p_provider text, p_lease_us bigint,
-	OUT outcome text, OUT attempt_number integer, OUT attempt_version bigint,
-	OUT attempt_provider text, OUT attempt_state text,
-	OUT attempt_started timestamptz, OUT attempt_deadline timestamptz)
-LANGUAGE plpgsql AS $$
-DECLARE
-	j jobs%ROWTYPE;
-	a attempts%ROWTYPE;
-	ts timestamptz;
-BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
-	IF j.id IS NULL THEN
-		outcome := 'not_found';
-		RETURN;
-	END IF;
-	ts := clock_timestamp();
-	PERFORM {{fn}}.refresh_lease(p_job, ts);
-	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
-	IF NOT FOUND THEN
-		SELECT * INTO j FROM jobs t WHERE t.id = p_job;
-		IF j.state <> 'pending' OR j.completed_by IS NOT NULL OR j.version <> p_version THEN
-			outcome := 'stale';
-			RETURN;
-		END IF;
-		INSERT INTO attempts AS t VALUES (p_attempt, p_job, j.attempt_count + 1, p_provider, 'starting',
-			j.version, ts, ts + p_lease_us * interval '1 microsecond')
-		ON CONFLICT DO NOTHING
-		RETURNING t.* INTO a;
-		IF NOT FOUND THEN
-			RAISE EXCEPTION 'onejob: attempt id % is taken', p_attempt USING ERRCODE = 'unique_violation';
-		END IF;
-		UPDATE jobs t SET attempt_count = t.attempt_count + 1, lease_until = greatest(t.lease_until, a.deadline)
-		WHERE t.id = p_job;
-	END IF;
-	outcome := 'ok';
-	attempt_number := a.number; attempt_version := a.job_version;
-	attempt_provider := a.provider; attempt_state := a.state;
-	attempt_started := a.started_at; attempt_deadline := a.deadline;
-END $$;
-
--- resend starts p_attempt, a re-send to a provider that deduplicates,
--- reconciling p_ref, an attempt that blocks the job: only while no result
--- won, nothing is starting and the job is at p_version; the job is pending
--- again (fsm.Resend). A repeat returns the attempt as it is now.
-CREATE FUNCTION {{fn}}.resend(p_job uuid, p_ref uuid, p_version bigint, p_attempt uuid, p_provider text,
-	p_lease_us bigint,
+-- start_attempt starts p_attempt beside the job's other attempts, keeping
+-- its version: a hedge (p_reconciles NULL) beside a starting attempt of a
+-- pending job (fsm.Hedge), or a re-send (p_reconciles: the attempt it
+-- reconciles) to a provider that deduplicates, after an attempt that
+-- blocks the job, while no result won and nothing is starting; the job is
+-- then pending again (fsm.Resend). A repeat returns the attempt as it is
+-- now.
+CREATE FUNCTION {{fn}}.start_attempt(p_job uuid, p_version bigint, p_attempt uuid, p_provider text,
+	p_lease_us bigint, p_reconciles uuid,
 	OUT outcome text, OUT attempt_number integer, OUT attempt_version bigint,
 	OUT attempt_provider text, OUT attempt_state text,
 	OUT attempt_started timestamptz, OUT attempt_deadline timestamptz)
@@ -504,6 +465,7 @@ DECLARE
 	a attempts%ROWTYPE;
 	r attempts%ROWTYPE;
 	ts timestamptz;
+	allowed boolean;
 BEGIN
 	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
 	IF j.id IS NULL THEN
@@ -515,27 +477,32 @@ BEGIN
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		SELECT * INTO j FROM jobs t WHERE t.id = p_job;
-		SELECT * INTO r FROM attempts t WHERE t.id = p_ref AND t.job_id = p_job;
-		IF NOT FOUND THEN
-			outcome := 'not_found';
-			RETURN;
+		IF p_reconciles IS NULL THEN
+			allowed := j.state = 'pending' AND j.completed_by IS NULL;
+		ELSE
+			SELECT * INTO r FROM attempts t WHERE t.id = p_reconciles AND t.job_id = p_job;
+			IF NOT FOUND THEN
+				outcome := 'not_found';
+				RETURN;
+			END IF;
+			allowed := j.completed_by IS NULL AND j.state NOT IN ('completed', 'failed')
+				AND (r.state = 'unknown' OR (r.state = 'lost' AND r.job_version = j.version))
+				AND NOT EXISTS (SELECT 1 FROM attempts t WHERE t.job_id = p_job AND t.state = 'starting');
 		END IF;
-		IF j.completed_by IS NOT NULL OR j.state IN ('completed', 'failed') OR j.version <> p_version
-			OR NOT (r.state = 'unknown' OR (r.state = 'lost' AND r.job_version = j.version))
-			OR EXISTS (SELECT 1 FROM attempts t WHERE t.job_id = p_job AND t.state = 'starting') THEN
+		IF NOT allowed OR j.version <> p_version THEN
 			outcome := 'stale';
 			RETURN;
 		END IF;
 		INSERT INTO attempts AS t VALUES (p_attempt, p_job, j.attempt_count + 1, p_provider, 'starting',
-			j.version, ts, ts + p_lease_us * interval '1 microsecond', NULL, NULL, true)
+			j.version, ts, ts + p_lease_us * interval '1 microsecond', NULL, NULL, p_reconciles IS NOT NULL)
 		ON CONFLICT DO NOTHING
 		RETURNING t.* INTO a;
 		IF NOT FOUND THEN
 			RAISE EXCEPTION 'onejob: attempt id % is taken', p_attempt USING ERRCODE = 'unique_violation';
 		END IF;
-		UPDATE jobs t SET state = 'pending', attempt_count = t.attempt_count + 1, lease_until = a.deadline
+		UPDATE jobs t SET state = 'pending', attempt_count = t.attempt_count + 1,
+			lease_until = greatest(t.lease_until, a.deadline)
 		WHERE t.id = p_job;
-		PERFORM {{fn}}.notify_job(p_job);
 	END IF;
 	outcome := 'ok';
 	attempt_number := a.number; attempt_version := a.job_version;

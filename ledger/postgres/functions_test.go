@@ -13,7 +13,7 @@ import (
 // changes once released.
 var released = map[int]string{
 	3: "38194d1bcedd3e8b5e51ec31899d6eaf7ac0bd78b8de7c31ab02f89a3d0b42c7",
-	4: "fb85a4467ff2755087d6b07c768ee934a645b1c4e1b0daaab9f675394398d21e",
+	4: "e9018e160f6dc7c6a4b540ca538789388f124d263b3121fc34fc35200c57aa91",
 }
 
 func TestFunctionsVersion(t *testing.T) {

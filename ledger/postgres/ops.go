@@ -202,6 +202,20 @@ func (c *attemptCols) attempt(id, jobID string) *ledger.Attempt {
 
 // Hedge implements ledger.Ledger.
 func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return l.start(ctx, "hedge", ref, next, nil)
+}
+
+// Resend implements ledger.Ledger.
+func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	if !validID(ref.AttemptID) {
+		return ledger.Attempt{}, ledger.ErrNotFound
+	}
+	return l.start(ctx, "resend", ref, next, &ref.AttemptID)
+}
+
+// start calls start_attempt: a hedge, or a re-send reconciling the
+// attempt reconciles.
+func (l *Ledger) start(ctx context.Context, op string, ref ledger.AttemptRef, next ledger.NextAttempt, reconciles *string) (ledger.Attempt, error) {
 	if !validID(next.ID) {
 		return ledger.Attempt{}, errInvalidID("attempt", next.ID)
 	}
@@ -212,50 +226,22 @@ func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.N
 		outcome string
 		a       attemptCols
 	)
-	err := l.pool.QueryRow(ctx, `SELECT * FROM hedge($1, $2, $3, $4, $5)`,
-		ref.JobID, ref.Version, next.ID, next.Provider, micros(next.Lease)).Scan(append([]any{&outcome}, a.dest()...)...)
+	err := l.pool.QueryRow(ctx, `SELECT * FROM start_attempt($1, $2, $3, $4, $5, $6)`,
+		ref.JobID, ref.Version, next.ID, next.Provider, micros(next.Lease), reconciles).Scan(append([]any{&outcome}, a.dest()...)...)
 	if err != nil {
-		return ledger.Attempt{}, fmt.Errorf("postgres ledger: hedge: %w", err)
-	}
-	switch outcome {
-	case "ok":
-		return *a.attempt(next.ID, ref.JobID), nil
-	case "not_found":
-		return ledger.Attempt{}, ledger.ErrNotFound
-	case "stale":
-		return ledger.Attempt{}, ledger.ErrStale
-	}
-	return ledger.Attempt{}, errUnexpected("hedge", outcome)
-}
-
-// Resend implements ledger.Ledger.
-func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
-	if !validID(next.ID) {
-		return ledger.Attempt{}, errInvalidID("attempt", next.ID)
-	}
-	if !validID(ref.JobID) || !validID(ref.AttemptID) {
-		return ledger.Attempt{}, ledger.ErrNotFound
-	}
-	var (
-		outcome string
-		a       attemptCols
-	)
-	err := l.pool.QueryRow(ctx, `SELECT * FROM resend($1, $2, $3, $4, $5, $6)`,
-		ref.JobID, ref.AttemptID, ref.Version, next.ID, next.Provider, micros(next.Lease)).Scan(append([]any{&outcome}, a.dest()...)...)
-	if err != nil {
-		return ledger.Attempt{}, fmt.Errorf("postgres ledger: resend: %w", err)
+		return ledger.Attempt{}, fmt.Errorf("postgres ledger: %s: %w", op, err)
 	}
 	switch outcome {
 	case "ok":
 		r := a.attempt(next.ID, ref.JobID)
-		r.Resend = true
+		r.Resend = reconciles != nil
 		return *r, nil
 	case "not_found":
 		return ledger.Attempt{}, ledger.ErrNotFound
 	case "stale":
 		return ledger.Attempt{}, ledger.ErrStale
 	}
-	return ledger.Attempt{}, errUnexpected("resend", outcome)
+	return ledger.Attempt{}, errUnexpected(op, outcome)
 }
 
 // Complete implements ledger.Ledger.

@@ -129,50 +129,32 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 
 // Hedge implements ledger.Ledger.
 func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
-	if !validID(ref.JobID) {
-		return ledger.Attempt{}, ledger.ErrNotFound
-	}
-	if next.ID == "" {
-		return ledger.Attempt{}, errNoIDs("hedge")
-	}
-	outcome, a, err := l.run(ctx, "hedge", scripts.hedge,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
-		l.prefix, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease))
-	if err != nil {
-		return ledger.Attempt{}, err
-	}
-	switch outcome {
-	case "ok":
-		at, err := replyAttempt("hedge", ref.JobID, a)
-		if err != nil {
-			return ledger.Attempt{}, err
-		}
-		return *at, nil
-	case "not_found":
-		return ledger.Attempt{}, ledger.ErrNotFound
-	case "stale":
-		return ledger.Attempt{}, ledger.ErrStale
-	}
-	return ledger.Attempt{}, errUnexpected("hedge", outcome)
+	return l.start(ctx, "hedge", ref, next, "")
 }
 
 // Resend implements ledger.Ledger.
 func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return l.start(ctx, "resend", ref, next, ref.AttemptID)
+}
+
+// start runs start.lua: a hedge, or a re-send reconciling the attempt
+// reconciles.
+func (l *Ledger) start(ctx context.Context, op string, ref ledger.AttemptRef, next ledger.NextAttempt, reconciles string) (ledger.Attempt, error) {
 	if !validID(ref.JobID) {
 		return ledger.Attempt{}, ledger.ErrNotFound
 	}
 	if next.ID == "" {
-		return ledger.Attempt{}, errNoIDs("resend")
+		return ledger.Attempt{}, errNoIDs(op)
 	}
-	outcome, a, err := l.run(ctx, "resend", scripts.resend,
+	outcome, a, err := l.run(ctx, op, scripts.start,
 		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
-		l.prefix, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), ref.AttemptID)
+		l.prefix, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), reconciles)
 	if err != nil {
 		return ledger.Attempt{}, err
 	}
 	switch outcome {
 	case "ok":
-		at, err := replyAttempt("resend", ref.JobID, a)
+		at, err := replyAttempt(op, ref.JobID, a)
 		if err != nil {
 			return ledger.Attempt{}, err
 		}
@@ -182,7 +164,7 @@ func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.
 	case "stale":
 		return ledger.Attempt{}, ledger.ErrStale
 	}
-	return ledger.Attempt{}, errUnexpected("resend", outcome)
+	return ledger.Attempt{}, errUnexpected(op, outcome)
 }
 
 // replyAttempt reads {outcome, now, attempt} (attempt_reply in lib.lua).

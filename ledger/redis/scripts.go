@@ -35,7 +35,7 @@ type script struct {
 // scriptSet holds the transition scripts and find (a read), each lib.lua
 // plus its own file.
 type scriptSet struct {
-	reserve, complete, saveBody, fail, unsent, markUnknown, hedge, resend, resolve, sweepScan, sweep, find, purge script
+	reserve, complete, saveBody, fail, unsent, markUnknown, start, resolve, sweepScan, sweep, find, purge script
 }
 
 var scripts = buildScripts()
@@ -66,8 +66,7 @@ func buildScripts() scriptSet {
 		fail:        mk("fail.lua"),
 		unsent:      mk("unsent.lua"),
 		markUnknown: mk("mark_unknown.lua"),
-		hedge:       mk("hedge.lua"),
-		resend:      mk("resend.lua"),
+		start:       mk("start.lua"),
 		resolve:     mk("resolve.lua"),
 		sweepScan:   mk("sweep_scan.lua"),
 		sweep:       mk("sweep.lua"),
@@ -85,7 +84,7 @@ func read(name string) string {
 }
 
 func (s scriptSet) all() []script {
-	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.hedge, s.resend, s.resolve, s.sweepScan, s.sweep, s.find, s.purge}
+	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.start, s.resolve, s.sweepScan, s.sweep, s.find, s.purge}
 }
 
 // preload loads every script into the server's script cache in one round
