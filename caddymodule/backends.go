@@ -183,7 +183,10 @@ func (r *RedisLedger) Provision(ctx caddy.Context) error {
 	log := ctx.Logger()
 	return r.Open(ctx, "redis\x00"+raw+"\x00"+r.Prefix, dial(shown, func(octx context.Context) (ledger.Ledger, error) {
 		l, err := redisledger.Open(octx, raw, redisledger.Options{Prefix: r.Prefix})
-		if err == nil {
+		if err == nil && l.StartError() != nil {
+			// It starts anyway: requests get 503 until the server answers.
+			log.Warn("redis ledger unreachable at start", zap.String("url", shown), zap.Error(l.StartError()))
+		} else if err == nil {
 			for _, w := range l.CheckDurability(octx) {
 				log.Warn("redis ledger cannot keep the no-duplicate promise: "+w, zap.String("url", shown))
 			}

@@ -3,7 +3,11 @@ package redis
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"syscall"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -32,6 +36,9 @@ type Ledger struct {
 	replays *near.Cache
 	// counts is the walk of Counts (counts.go).
 	counts countWalk
+	// startErr is why the scripts could not be loaded at Open, the server
+	// being out of reach then (see StartError).
+	startErr error
 }
 
 // Open connects to the Redis server at url (redis://, rediss:// or
@@ -54,13 +61,35 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 	// client too, and resubscribes on its own after a broken connection.
 	o.MaxRetries = -1
 	client := redis.NewClient(o)
-	if err := preload(ctx, client); err != nil {
-		client.Close()
-		return nil, fmt.Errorf("redis ledger: %w", err)
-	}
 	l := &Ledger{client: client, prefix: prefix, replays: near.New(10000, 64<<20)}
+	if err := preload(ctx, client); err != nil {
+		// A server that answered with an error (a password, a digest) is
+		// a mistake to refuse now. One out of reach is not: a gateway
+		// restarted during a network blip must come up, answer 503 while
+		// the ledger cannot be reached, and work once it can (a script
+		// the server lacks is loaded by its first run, EVALSHA then EVAL).
+		var reply redis.Error
+		if errors.As(err, &reply) || !unreachable(err) {
+			client.Close()
+			return nil, fmt.Errorf("redis ledger: %w", err)
+		}
+		l.startErr = fmt.Errorf("redis ledger: server out of reach at start (%w): calls fail until it answers", err)
+	}
 	l.listen = ledger.NewSubscriber(pubsub.Session(client, l.channel()), nil)
 	return l, nil
+}
+
+// StartError says why Open could not load the scripts, the server being out
+// of reach then; nil when it could. The ledger works once the server
+// answers.
+func (l *Ledger) StartError() error { return l.startErr }
+
+// unreachable reports whether err says the server could not be reached or
+// the connection broke, rather than that it answered.
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // Client returns the ledger's Redis client.
