@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/near"
@@ -15,7 +17,7 @@ import (
 // run runs a script and returns its reply as an array with a string
 // outcome first.
 func (l *Ledger) run(ctx context.Context, what string, s script, keys []string, args ...any) (string, []any, error) {
-	v, err := s.Run(ctx, l.client, keys, args...).Result()
+	v, err := l.eval(ctx, s, keys, args...).Result()
 	if err != nil {
 		return "", nil, fmt.Errorf("redis ledger: %s: %w", what, err)
 	}
@@ -84,9 +86,10 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		return ledger.Reservation{}, errNoIDs("reserve")
 	}
 	ident := identity(p.OwnerHash, p.KeyHash)
-	keys := []string{l.identKey(ident), l.jobKey(p.JobID), l.attemptsKey(p.JobID), l.idxKey(), l.leasesKey(), l.expiryKey()}
-	outcome, a, err := l.run(ctx, "reserve", scripts.reserve, keys,
-		l.prefix, p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
+	bp := l.identBucket(ident)
+	keys := []string{identKey(bp, ident), jobKey(bp, p.JobID), attemptsKey(bp, p.JobID), idxKey(bp), leasesKey(bp), expiryKey(bp)}
+	outcome, a, err := l.run(ctx, "reserve", l.scripts.reserve, keys,
+		bp, p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
 		strconv.Itoa(p.FingerprintVersion), p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention),
 		p.FingerprintScheme)
 	if err != nil {
@@ -106,6 +109,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		}
 		m := zipFields([]string{"id", "state", "created", "fpv", "fps"}, vals)
 		fpv, _ := strconv.Atoi(m["fpv"])
+		l.ids.put(m["id"], l.bucketOf(ident))
 		return ledger.Mismatched(&ledger.Job{ID: m["id"], State: ledger.JobState(m["state"]),
 			CreatedAt: timeOf(m["created"]), FingerprintVersion: fpv, FingerprintScheme: m["fps"]}, r.Now), nil
 	}
@@ -115,6 +119,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	if r.Job, err = scriptJob("reserve", a[2], a[3]); err != nil {
 		return ledger.Reservation{}, err
 	}
+	l.saw(r.Job)
 	switch r.Outcome {
 	case ledger.Created, ledger.Reopened:
 		n, _ := a[4].(int64)
@@ -135,9 +140,13 @@ func (l *Ledger) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.N
 	if next.ID == "" {
 		return ledger.Attempt{}, errNoIDs("hedge")
 	}
-	outcome, a, err := l.run(ctx, "hedge", scripts.hedge,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
-		l.prefix, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease))
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return ledger.Attempt{}, err
+	}
+	outcome, a, err := l.run(ctx, "hedge", l.scripts.hedge,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp)},
+		bp, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease))
 	if err != nil {
 		return ledger.Attempt{}, err
 	}
@@ -173,13 +182,17 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 	if err != nil {
 		return ledger.Completion{}, err
 	}
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return ledger.Completion{}, err
+	}
 	body, stored := []byte(nil), "0"
 	if resp.Stored {
 		body, stored = resp.Body, "1"
 	}
-	outcome, a, err := l.run(ctx, "complete", scripts.complete,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, ref.AttemptID, strconv.FormatInt(ref.Version, 10), strconv.Itoa(resp.Status), header,
+	outcome, a, err := l.run(ctx, "complete", l.scripts.complete,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
+		bp, ref.AttemptID, strconv.FormatInt(ref.Version, 10), strconv.Itoa(resp.Status), header,
 		body, strconv.FormatInt(resp.Size, 10), stored)
 	if err != nil {
 		return ledger.Completion{}, err
@@ -218,8 +231,12 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 	} else {
 		body = nil
 	}
-	outcome, _, err := l.run(ctx, "save body", scripts.saveBody, []string{l.jobKey(ref.JobID)},
-		ref.AttemptID, body, strconv.FormatInt(size, 10), s, l.prefix)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return err
+	}
+	outcome, _, err := l.run(ctx, "save body", l.scripts.saveBody, []string{jobKey(bp, ref.JobID)},
+		ref.AttemptID, body, strconv.FormatInt(size, 10), s, bp)
 	if err != nil {
 		return err
 	}
@@ -238,9 +255,13 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 		}
 		hasNext, nextID, provider, lease = "1", next.ID, next.Provider, micros(next.Lease)
 	}
-	outcome, a, err := l.run(ctx, "fail", scripts.fail,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, ref.AttemptID, reason, hasNext, nextID, provider, lease)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return nil, err
+	}
+	outcome, a, err := l.run(ctx, "fail", l.scripts.fail,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
+		bp, ref.AttemptID, reason, hasNext, nextID, provider, lease)
 	if err != nil {
 		return nil, err
 	}
@@ -255,9 +276,13 @@ func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
 	if !validID(ref.JobID) {
 		return ledger.ErrNotFound
 	}
-	outcome, _, err := l.run(ctx, "unsent", scripts.unsent,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, ref.AttemptID, ledger.ReasonUnsent)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return err
+	}
+	outcome, _, err := l.run(ctx, "unsent", l.scripts.unsent,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
+		bp, ref.AttemptID, ledger.ReasonUnsent)
 	if err != nil {
 		return err
 	}
@@ -269,9 +294,13 @@ func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason 
 	if !validID(ref.JobID) {
 		return ledger.ErrNotFound
 	}
-	outcome, _, err := l.run(ctx, "mark unknown", scripts.markUnknown,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
-		l.prefix, ref.AttemptID, reason)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return err
+	}
+	outcome, _, err := l.run(ctx, "mark unknown", l.scripts.markUnknown,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp)},
+		bp, ref.AttemptID, reason)
 	if err != nil {
 		return err
 	}
@@ -294,9 +323,13 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 			return nil, errNoIDs("resolve")
 		}
 	}
-	outcome, a, err := l.run(ctx, "resolve", scripts.resolve,
-		[]string{l.jobKey(jobID), l.attemptsKey(jobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, cancel, r.AttemptID, status, header, body)
+	bp, err := l.where(ctx, jobID)
+	if err != nil {
+		return nil, err
+	}
+	outcome, a, err := l.run(ctx, "resolve", l.scripts.resolve,
+		[]string{jobKey(bp, jobID), attemptsKey(bp, jobID), leasesKey(bp), expiryKey(bp)},
+		bp, cancel, r.AttemptID, status, header, body)
 	if err != nil {
 		return nil, err
 	}
@@ -309,41 +342,76 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 	return scriptJob("resolve", a[2], a[3])
 }
 
-// Sweep implements ledger.Ledger: one script finds up to limit expired
-// leases and expired jobs by the server's clock, a second one (naming every
-// key it touches) records and removes them.
+// Sweep implements ledger.Ledger: in every bucket one script finds up to
+// limit expired leases and expired jobs by the server's clock (the scans
+// of all buckets in one pipeline), and a second one (naming every key it
+// touches) records the leases and removes the jobs, up to limit jobs in
+// all.
 func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error) {
 	var st ledger.SweepStats
 	if limit <= 0 {
 		return st, nil
 	}
-	v, err := scripts.sweepScan.Run(ctx, l.client, []string{l.leasesKey(), l.expiryKey()}, strconv.Itoa(limit)).Result()
-	if err != nil {
-		return st, fmt.Errorf("redis ledger: sweep: %w", err)
+	scans := make([]*redis.Cmd, len(l.buckets))
+	if len(l.buckets) == 1 {
+		scans[0] = l.eval(ctx, l.scripts.sweepScan, []string{leasesKey(l.buckets[0]), expiryKey(l.buckets[0])}, strconv.Itoa(limit))
+	} else {
+		// Reads only: a pipeline, split by node.
+		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, bp := range l.buckets {
+				scans[i] = p.EvalSha(ctx, l.scripts.sweepScan.Hash(), []string{leasesKey(bp), expiryKey(bp)}, strconv.Itoa(limit))
+			}
+			return nil
+		})
 	}
-	scan, ok := array(v)
-	if !ok || len(scan) != 2 {
-		return st, errReply("sweep", v)
+	budget := limit
+	for i, bp := range l.buckets {
+		v, err := scans[i].Result()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			v, err = l.eval(ctx, l.scripts.sweepScan, []string{leasesKey(bp), expiryKey(bp)}, strconv.Itoa(limit)).Result()
+		}
+		if err != nil {
+			return st, fmt.Errorf("redis ledger: sweep: %w", err)
+		}
+		scan, ok := array(v)
+		if !ok || len(scan) != 2 {
+			return st, errReply("sweep", v)
+		}
+		leased, _ := array(scan[0])
+		expired, _ := array(scan[1])
+		expired = expired[:min(len(expired), budget)]
+		if len(leased) == 0 && len(expired) == 0 {
+			continue
+		}
+		b, err := l.sweepBucket(ctx, bp, leased, expired)
+		if err != nil {
+			return st, err
+		}
+		st.Unknown += b.Unknown
+		st.Removed += b.Removed
+		budget -= len(expired)
 	}
-	leased, _ := array(scan[0])
-	expired, _ := array(scan[1])
-	if len(leased) == 0 && len(expired) == 0 {
-		return st, nil
-	}
-	keys := []string{l.idxKey(), l.leasesKey(), l.expiryKey()}
-	args := []any{l.prefix, strconv.Itoa(len(leased)), strconv.Itoa(len(expired))}
+	return st, nil
+}
+
+// sweepBucket records the expired leases and removes the expired jobs a
+// scan of bucket bp found.
+func (l *Ledger) sweepBucket(ctx context.Context, bp string, leased, expired []any) (ledger.SweepStats, error) {
+	var st ledger.SweepStats
+	keys := []string{idxKey(bp), leasesKey(bp), expiryKey(bp)}
+	args := []any{bp, strconv.Itoa(len(leased)), strconv.Itoa(len(expired))}
 	for _, x := range leased {
 		id, _ := str(x)
-		keys = append(keys, l.jobKey(id), l.attemptsKey(id))
+		keys = append(keys, jobKey(bp, id), attemptsKey(bp, id))
 		args = append(args, id)
 	}
 	for _, x := range expired {
 		m, _ := str(x)
 		id, ident, _ := strings.Cut(m, "|")
-		keys = append(keys, l.jobKey(id), l.attemptsKey(id), l.identKey(ident))
+		keys = append(keys, jobKey(bp, id), attemptsKey(bp, id), identKey(bp, ident))
 		args = append(args, m)
 	}
-	v, err = scripts.sweep.Run(ctx, l.client, keys, args...).Result()
+	v, err := l.eval(ctx, l.scripts.sweep, keys, args...).Result()
 	if err != nil {
 		return st, fmt.Errorf("redis ledger: sweep: %w", err)
 	}

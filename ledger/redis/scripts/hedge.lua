@@ -2,7 +2,7 @@
 -- A repeat (the attempt exists) answers with it as it is now (fsm.Hedge).
 --
 -- KEYS: job, attempts, leases
--- ARGV: prefix, version, attempt id, provider, lease us
+-- ARGV: bucket prefix, version, attempt id, provider, lease us
 CTX.leases, CTX.channel = KEYS[3], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)
