@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	neturl "net/url"
 	"strings"
 
@@ -22,13 +23,13 @@ import (
 // command did not run where it was refused. Its other re-sends (after a
 // network error, on the same node or another) are closed to scripts by
 // sending them as onceCmd.
-func connect(ctx context.Context, url string) (redis.UniversalClient, *redis.ClusterClient, error) {
+func connect(ctx context.Context, url string, dial dialer) (redis.UniversalClient, *redis.ClusterClient, error) {
 	u, err := neturl.Parse(url)
 	if err != nil {
 		return nil, nil, errors.New("invalid URL") // url.Error shows the password
 	}
 	if u.Query().Has("addr") {
-		c, err := newCluster(url)
+		c, err := newCluster(url, dial)
 		return c, c, err
 	}
 	o, err := redis.ParseURL(url)
@@ -36,6 +37,9 @@ func connect(ctx context.Context, url string) (redis.UniversalClient, *redis.Clu
 		return nil, nil, err
 	}
 	o.MaxRetries = -1
+	if dial != nil {
+		o.Dialer = dial
+	}
 	c := redis.NewClient(o)
 	on, err := clusterEnabled(ctx, c)
 	if err != nil {
@@ -49,18 +53,24 @@ func connect(ctx context.Context, url string) (redis.UniversalClient, *redis.Clu
 	if o.DB != 0 {
 		return nil, nil, fmt.Errorf("database %d named on Redis Cluster, which has only database 0", o.DB)
 	}
-	cc, err := newCluster(url)
+	cc, err := newCluster(url, dial)
 	return cc, cc, err
 }
 
+// dialer opens a connection, as redis.Options.Dialer does.
+type dialer = func(ctx context.Context, network, addr string) (net.Conn, error)
+
 // newCluster returns a cluster client for url, as redis.ParseClusterURL
 // reads it.
-func newCluster(url string) (*redis.ClusterClient, error) {
+func newCluster(url string, dial dialer) (*redis.ClusterClient, error) {
 	o, err := redis.ParseClusterURL(url)
 	if err != nil {
 		return nil, err
 	}
 	o.MaxRetries = -1
+	if dial != nil {
+		o.Dialer = dial
+	}
 	o.ReadOnly, o.RouteByLatency, o.RouteRandomly = false, false, false
 	return redis.NewClusterClient(o), nil
 }

@@ -28,6 +28,9 @@ type Options struct {
 	// buckets, as on a cluster (tests run the bucketed layout on miniredis
 	// with it).
 	buckets int
+	// dial, when not nil, opens the connections (tests put a proxy in
+	// between).
+	dial dialer
 }
 
 // Ledger is a Redis ledger.
@@ -61,7 +64,7 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	client, cluster, err := connect(ctx, url)
+	client, cluster, err := connect(ctx, url, opts.dial)
 	if err != nil {
 		return nil, fmt.Errorf("redis ledger: %w", err)
 	}
