@@ -141,18 +141,32 @@ func TestClusterLayout(t *testing.T) {
 }
 
 // nodeDropper puts a replyDropper in front of each node a cluster client
-// dials, all armed at once.
+// dials, all armed at once. The client may dial a node it learns of at any
+// time (a replica, to read the slots): the proxies are closed together,
+// after the ledgers opened after newNodeDropper are.
 type nodeDropper struct {
 	t  *testing.T
 	mu sync.Mutex
 	by map[string]*replyDropper
 }
 
+func newNodeDropper(t *testing.T) *nodeDropper {
+	d := &nodeDropper{t: t, by: map[string]*replyDropper{}}
+	t.Cleanup(func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, p := range d.by {
+			p.close()
+		}
+	})
+	return d
+}
+
 func (d *nodeDropper) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	d.mu.Lock()
 	p := d.by[addr]
 	if p == nil {
-		p = newReplyDropper(d.t, addr)
+		p = startReplyDropper(d.t, addr)
 		d.by[addr] = p
 	}
 	d.mu.Unlock()
@@ -183,7 +197,7 @@ func (d *nodeDropper) disarm() {
 // which is why the ledger sends scripts as onceCmd.
 func TestClusterNeverResends(t *testing.T) {
 	ctx := context.Background()
-	d := &nodeDropper{t: t, by: map[string]*replyDropper{}}
+	d := newNodeDropper(t)
 	prefix := newClusterPrefix(t)
 	l := openCluster(t, clusterURL(t), prefix, Options{dial: d.dial})
 	admin := clusterAdmin(t)
@@ -213,7 +227,7 @@ func TestClusterNeverResends(t *testing.T) {
 // TestClusterCompleteReplyLost: as TestCompleteReplyLost, on the cluster.
 func TestClusterCompleteReplyLost(t *testing.T) {
 	ctx := context.Background()
-	d := &nodeDropper{t: t, by: map[string]*replyDropper{}}
+	d := newNodeDropper(t)
 	l := openCluster(t, clusterURL(t), newClusterPrefix(t), Options{dial: d.dial})
 	r, err := l.Reserve(ctx, params("o", "k"))
 	if err != nil {
