@@ -51,7 +51,9 @@ func newClusterPrefix(t *testing.T) string {
 		err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
 			iter := n.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 			for iter.Next(ctx) {
-				if err := n.Del(ctx, iter.Val()).Err(); err != nil {
+				// Through the cluster client: the node may no longer
+				// serve the key's slot (a test moved it).
+				if err := c.Del(ctx, iter.Val()).Err(); err != nil {
 					return err
 				}
 			}
@@ -321,6 +323,23 @@ func moveSlot(t *testing.T, c *redis.ClusterClient, s int, dst string) {
 
 var migrateMu sync.Mutex
 
+// slotOwner returns the address of the master that serves slot s, as the
+// cluster says (CLUSTER SLOTS), not as a client remembers it.
+func slotOwner(t *testing.T, c *redis.ClusterClient, s int) string {
+	t.Helper()
+	ranges, err := c.ClusterSlots(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range ranges {
+		if r.Start <= s && s <= r.End {
+			return r.Nodes[0].Addr
+		}
+	}
+	t.Fatalf("no master serves slot %d", s)
+	return ""
+}
+
 // TestClusterSlotMigration moves the slot of a job's bucket to another
 // master under a ledger whose client still knows the old one: its
 // transitions follow MOVED and act once, a waiter on the job (whose shard
@@ -340,15 +359,12 @@ func TestClusterSlotMigration(t *testing.T) {
 	}
 	bp := l.identBucket(identity(p.OwnerHash, p.KeyHash))
 	s := slot(bp)
-	home, err := admin.MasterForKey(ctx, bp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	home := slotOwner(t, admin, s)
 	var other string
 	if err := admin.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
 		migrateMu.Lock()
 		defer migrateMu.Unlock()
-		if a := n.Options().Addr; a != home.Options().Addr {
+		if a := n.Options().Addr; a != home {
 			other = a
 		}
 		return nil
@@ -371,7 +387,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	moveSlot(t, admin, s, other)
-	t.Cleanup(func() { moveSlot(t, admin, s, home.Options().Addr) })
+	t.Cleanup(func() { moveSlot(t, admin, s, home) })
 
 	hn := ledger.NewAttempt("hedge", time.Minute)
 	h, err := l.Hedge(ctx, r.Attempt.Ref(), hn)
@@ -413,5 +429,153 @@ func TestClusterSlotMigration(t *testing.T) {
 		if r.Start <= s && s <= r.End && r.Nodes[0].Addr != other {
 			t.Errorf("slot %d is served by %s after the move, want %s", s, r.Nodes[0].Addr, other)
 		}
+	}
+}
+
+// TestClusterCheckDurability: the test cluster runs without the
+// append-only file, each master with a replica: the check names each
+// master with both.
+func TestClusterCheckDurability(t *testing.T) {
+	l := openCluster(t, clusterURL(t), newClusterPrefix(t), Options{})
+	warns := l.CheckDurability(context.Background())
+	aof, replicas := map[string]bool{}, map[string]bool{}
+	for _, w := range warns {
+		t.Log(w)
+		addr, _, ok := strings.Cut(strings.TrimPrefix(w, "redis ledger: master "), ": ")
+		if !ok {
+			continue
+		}
+		if strings.Contains(w, "appendonly") {
+			aof[addr] = true
+		}
+		if strings.Contains(w, "connected replica") {
+			replicas[addr] = true
+		}
+	}
+	if len(aof) != 3 || len(replicas) != 3 {
+		t.Errorf("warnings name %d masters without appendonly and %d with replicas, want 3 and 3: %q", len(aof), len(replicas), warns)
+	}
+}
+
+// failover makes the replica of the master at addr take its place
+// (CLUSTER FAILOVER, which waits for the replica to catch up: nothing is
+// lost), and waits until the replica serves as master. It returns the new
+// master's address.
+func failover(t *testing.T, c *redis.ClusterClient, addr string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	master := redis.NewClient(&redis.Options{Addr: addr})
+	defer master.Close()
+	id, err := master.Do(ctx, "cluster", "myid").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A master that just took over gets its replica (the old master) a
+	// moment later.
+	raddr := ""
+	for raddr == "" {
+		nodes, err := master.ClusterNodes(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			if f := strings.Fields(line); len(f) > 3 && strings.Contains(f[2], "slave") && f[3] == id {
+				raddr, _, _ = strings.Cut(f[1], "@")
+			}
+		}
+		if raddr == "" && ctx.Err() != nil {
+			t.Fatalf("%s (%s) has no replica:\n%s", addr, id, nodes)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	replica := redis.NewClient(&redis.Options{Addr: raddr})
+	defer replica.Close()
+	// A replica that is still syncing with its master (the old master of
+	// a failover just now) refuses to take over, or takes long.
+	for {
+		info, err := replica.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") && strings.Contains(info, "master_sync_in_progress:0") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the replica %s of %s never synced", raddr, addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := replica.Do(ctx, "cluster", "failover").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := replica.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "role:master") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s never took over from %s", raddr, addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return raddr
+}
+
+// TestClusterFailover: the master of a job's bucket hands over to its
+// replica under a ledger that still knows the old master. The ledger's
+// transitions follow the redirect and act once, a waiter on the job is
+// woken by a peer's completion, and a replay reads the answer.
+func TestClusterFailover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	prefix := newClusterPrefix(t)
+	l := openCluster(t, clusterURL(t), prefix, Options{})
+	peer := openCluster(t, clusterURL(t), prefix, Options{})
+	admin := clusterAdmin(t)
+	p := params("o", "failover")
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := l.identBucket(identity(p.OwnerHash, p.KeyHash))
+	home := slotOwner(t, admin, slot(bp))
+	got := make(chan *ledger.Job, 1)
+	go func() {
+		j, err := l.Wait(ctx, r.Job.ID)
+		if err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+		got <- j
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !l.ListenerUp(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener never subscribed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The cluster stays failed over: a failover back at once is not
+	// reliably taken up by the old master (it may stay a master without
+	// slots for a while), and the servers are the test run's own.
+	failover(t, admin, home)
+
+	hn := ledger.NewAttempt("hedge", time.Minute)
+	if h, err := l.Hedge(ctx, r.Attempt.Ref(), hn); err != nil || h.Number != 2 {
+		t.Fatalf("hedge after the failover: %+v %v", h, err)
+	}
+	if _, err := peer.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("failed over"), Size: 11, Stored: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case j := <-got:
+		if j == nil || j.State != ledger.JobCompleted {
+			t.Fatalf("waiter got %+v", j)
+		}
+	case <-ctx.Done():
+		t.Fatal("the waiter was not woken after the failover")
+	}
+	j, err := l.Job(ctx, r.Job.ID)
+	if err != nil || len(j.Attempts) != 2 || j.State != ledger.JobCompleted {
+		t.Fatalf("job after the failover: %+v %v", j, err)
+	}
+	if d, err := peer.Reserve(ctx, again(p)); err != nil || d.Outcome != ledger.Done || string(d.Job.Response.Body) != "failed over" {
+		t.Fatalf("replay after the failover: %v %v", d.Outcome, err)
 	}
 }
