@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
@@ -364,18 +365,23 @@ func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error
 			return nil
 		})
 	}
+	// A bucket that fails (its master is away) does not keep the others
+	// from being swept: the first error is returned after them.
 	budget := limit
+	var first error
 	for i, bp := range l.buckets {
 		v, err := scans[i].Result()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") {
 			v, err = l.eval(ctx, l.scripts.sweepScan, []string{leasesKey(bp), expiryKey(bp)}, strconv.Itoa(limit)).Result()
 		}
 		if err != nil {
-			return st, fmt.Errorf("redis ledger: sweep: %w", err)
+			first = cmp.Or(first, fmt.Errorf("redis ledger: sweep: %w", err))
+			continue
 		}
 		scan, ok := array(v)
 		if !ok || len(scan) != 2 {
-			return st, errReply("sweep", v)
+			first = cmp.Or(first, errReply("sweep", v))
+			continue
 		}
 		leased, _ := array(scan[0])
 		expired, _ := array(scan[1])
@@ -385,13 +391,14 @@ func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error
 		}
 		b, err := l.sweepBucket(ctx, bp, leased, expired)
 		if err != nil {
-			return st, err
+			first = cmp.Or(first, err)
+			continue
 		}
 		st.Unknown += b.Unknown
 		st.Removed += b.Removed
 		budget -= len(expired)
 	}
-	return st, nil
+	return st, first
 }
 
 // sweepBucket records the expired leases and removes the expired jobs a
