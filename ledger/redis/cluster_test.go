@@ -6,6 +6,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -577,5 +578,95 @@ func TestClusterFailover(t *testing.T) {
 	}
 	if d, err := peer.Reserve(ctx, again(p)); err != nil || d.Outcome != ledger.Done || string(d.Job.Response.Body) != "failed over" {
 		t.Fatalf("replay after the failover: %v %v", d.Outcome, err)
+	}
+}
+
+// TestClusterSpread reserves and completes many jobs of random keys and
+// checks that each master holds about a third of them (the jobs' keys) and
+// runs about a third of the scripts (EVALSHA calls, INFO commandstats); it
+// logs both, per master.
+func TestClusterSpread(t *testing.T) {
+	ctx := context.Background()
+	prefix := newClusterPrefix(t)
+	l := openCluster(t, clusterURL(t), prefix, Options{})
+	admin := clusterAdmin(t)
+	evalsha := func() map[string]int {
+		m := map[string]int{}
+		if err := admin.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			info, err := n.Info(ctx, "commandstats").Result()
+			if err != nil {
+				return err
+			}
+			calls := 0
+			for _, line := range strings.Split(info, "\n") {
+				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+					calls, _ = strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+				}
+			}
+			migrateMu.Lock()
+			defer migrateMu.Unlock()
+			m[n.Options().Addr] = calls
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := evalsha()
+	const jobs = 1200
+	var wg sync.WaitGroup
+	errs := make(chan error, jobs)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < jobs; i += 8 {
+				r, err := l.Reserve(ctx, params("owner", ledger.NewID()))
+				if err == nil {
+					_, err = l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("x"), Size: 1, Stored: true})
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	after := evalsha()
+	keys := map[string]int{}
+	if err := admin.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		count := 0
+		iter := n.Scan(ctx, 0, prefix+"*j:*", 1000).Iterator()
+		for iter.Next(ctx) {
+			count++
+		}
+		migrateMu.Lock()
+		defer migrateMu.Unlock()
+		keys[n.Options().Addr] = count
+		return iter.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range keys {
+		total += n
+	}
+	if total != jobs || len(keys) != 3 {
+		t.Fatalf("jobs per master %v: %d in all, want %d over 3 masters", keys, total, jobs)
+	}
+	for addr, n := range keys {
+		calls := after[addr] - before[addr]
+		t.Logf("master %s: %d jobs (%.1f%%), %d scripts run", addr, n, 100*float64(n)/jobs, calls)
+		if n < jobs/4 || n > jobs*42/100 {
+			t.Errorf("master %s holds %d of %d jobs: the buckets do not spread", addr, n, jobs)
+		}
+		if calls < jobs*2/4 || calls > jobs*2*42/100 {
+			t.Errorf("master %s ran %d of about %d scripts", addr, calls, 2*jobs)
+		}
 	}
 }
