@@ -149,17 +149,19 @@ func (p *PostgresLedger) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		setting{name: "dsn", dst: &p.DSN, required: true}, setting{name: "schema", dst: &p.Schema})
 }
 
-// RedisLedger keeps jobs in Redis, shared by many gateway instances. It is
-// only as durable as the server's persistence, eviction and replication
-// settings: the gateway warns at start when they cannot keep the
-// no-duplicate promise.
+// RedisLedger keeps jobs in Redis or Redis Cluster, shared by many gateway
+// instances. It is only as durable as the server's persistence, eviction
+// and replication settings: the gateway warns at start when they cannot
+// keep the no-duplicate promise.
 type RedisLedger struct {
-	// URL of the Redis server (redis:// or rediss://). Placeholders such
-	// as {env.REDIS_URL} are expanded. Logs and errors show it without
-	// its password.
+	// URL of the Redis server (redis:// or rediss://), or of a Redis
+	// Cluster: one node's URL, or the cluster URL form
+	// redis://host1:port?addr=host2:port&addr=host3:port. Placeholders
+	// such as {env.REDIS_URL} are expanded. Logs and errors show it
+	// without its password.
 	URL string `json:"url"`
 	// Prefix starts every key; default "onejob:". Gateways that share a
-	// ledger use the same prefix.
+	// ledger use the same prefix. On a cluster it must not contain braces.
 	Prefix string `json:"prefix,omitempty"`
 
 	LedgerHolder

@@ -78,8 +78,8 @@ var schemaSeq struct {
 }
 
 // backends returns the ledgers every scenario runs on: memory, the default
-// file ledger, a fresh PostgreSQL schema, a fresh Redis prefix, and
-// PostgreSQL with a Redis replay cache.
+// file ledger, a fresh PostgreSQL schema, a fresh Redis prefix on one
+// server and on a Redis Cluster, and PostgreSQL with a Redis replay cache.
 func backends(t *testing.T) []func(t *testing.T) backend {
 	return []func(t *testing.T) backend{
 		func(*testing.T) backend { return backend{name: "memory", line: "ledger memory"} },
@@ -88,6 +88,7 @@ func backends(t *testing.T) []func(t *testing.T) backend {
 		func(*testing.T) backend { return backend{name: "file", line: ""} },
 		func(t *testing.T) backend { return pgBackend(t) },
 		func(t *testing.T) backend { return redisBackend(t) },
+		func(t *testing.T) backend { return redisClusterBackend(t) },
 		func(t *testing.T) backend {
 			b := pgBackend(t)
 			b.name = "postgres+cache"
@@ -113,6 +114,25 @@ func redisBackend(t testing.TB) backend {
 	prefix := fmt.Sprintf("it%d_%d:", os.Getpid(), schemaSeq.n)
 	schemaSeq.Unlock()
 	return backend{name: "redis", line: "ledger redis " + redisURL(t) + " " + prefix}
+}
+
+func redisClusterURL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv("ONEJOB_TEST_REDIS_CLUSTER")
+	if u == "" {
+		t.Fatal("ONEJOB_TEST_REDIS_CLUSTER is not set: run ./integration/test.sh, which starts a Redis Cluster")
+	}
+	return u
+}
+
+// redisClusterBackend is a Redis ledger on the test cluster, under a key
+// prefix no other test uses.
+func redisClusterBackend(t testing.TB) backend {
+	schemaSeq.Lock()
+	schemaSeq.n++
+	prefix := fmt.Sprintf("it%d_%d:", os.Getpid(), schemaSeq.n)
+	schemaSeq.Unlock()
+	return backend{name: "redis-cluster", line: "ledger redis " + redisClusterURL(t) + " " + prefix}
 }
 
 func pgBackend(t testing.TB) backend {

@@ -11,10 +11,12 @@ import (
 	"time"
 )
 
-// shared runs fn on each ledger a fleet can share: PostgreSQL and Redis.
+// shared runs fn on each ledger a fleet can share: PostgreSQL, Redis and
+// Redis Cluster.
 func shared(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Run("postgres", func(t *testing.T) { fn(t, pgBackend(t)) })
 	t.Run("redis", func(t *testing.T) { fn(t, redisBackend(t)) })
+	t.Run("redis-cluster", func(t *testing.T) { fn(t, redisClusterBackend(t)) })
 }
 
 // fleet starts n gateways on one shared ledger.

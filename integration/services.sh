@@ -2,8 +2,9 @@
 # Sourced by test.sh and bench.sh: installs PostgreSQL, Redis and Chromium from
 # Debian packages when they are missing, starts throwaway servers on free
 # loopback ports in a temporary directory, exports their addresses as
-# ONEJOB_TEST_POSTGRES and ONEJOB_TEST_REDIS, and stops them when the
-# calling script exits, however it exits.
+# ONEJOB_TEST_POSTGRES and ONEJOB_TEST_REDIS, starts a Redis Cluster (three
+# masters, three replicas) exported as ONEJOB_TEST_REDIS_CLUSTER, and stops
+# them all when the calling script exits, however it exits.
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -64,19 +65,27 @@ cleanup() {
 	if [ -f "$WORK/redis.pid" ]; then
 		kill "$(cat "$WORK/redis.pid")" 2>/dev/null || true
 	fi
+	local pid
+	for pid in "$WORK"/cluster/*/redis.pid; do
+		[ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null
+	done
 	rm -rf "$WORK"
 	exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# free_port prints a TCP port on 127.0.0.1 that nothing listens on.
+# free_port prints a TCP port on 127.0.0.1 that nothing listens on and that
+# is not in TAKEN (ports chosen but not bound yet: free_port runs in a
+# subshell, so the caller adds each port it got).
+TAKEN=" "
 free_port() {
 	local p
 	for _ in $(seq 1 200); do
 		# Below the kernel's ephemeral range (32768 and up), which outgoing
 		# connections may hold.
 		p=$((10000 + RANDOM % 22000))
+		case "$TAKEN" in *" $p "*) continue ;; esac
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"
 			return
@@ -87,6 +96,7 @@ free_port() {
 }
 
 PGPORT=$(free_port)
+TAKEN="$TAKEN$PGPORT "
 log "starting PostgreSQL ($PGBIN) on 127.0.0.1:$PGPORT"
 mkdir -p "$WORK/pg"
 [ -z "$PGUSER_OS" ] || chown "$PGUSER_OS" "$WORK/pg"
@@ -97,6 +107,7 @@ as_pg "$PGBIN/pg_ctl" -D "$WORK/pg" -l "$WORK/pg/server.log" -w -t 60 \
 	start >/dev/null || { cat "$WORK/pg/server.log" >&2; exit 1; }
 
 REDISPORT=$(free_port)
+TAKEN="$TAKEN$REDISPORT "
 log "starting Redis on 127.0.0.1:$REDISPORT"
 mkdir -p "$WORK/redis"
 redis-server --port "$REDISPORT" --bind 127.0.0.1 --save "" --appendonly no \
@@ -110,3 +121,55 @@ done
 export ONEJOB_TEST_POSTGRES="postgres://onejob@127.0.0.1:$PGPORT/postgres?sslmode=disable"
 export ONEJOB_TEST_REDIS="redis://127.0.0.1:$REDISPORT/0"
 
+# A Redis Cluster: three masters and a replica of each, every node with its
+# cluster bus on a port of its own below the ephemeral range (cluster-port;
+# by default it would be the node's port + 10000), a node timeout of two
+# seconds so that a replica takes over soon after its master dies.
+# ONEJOB_TEST_REDIS_CLUSTER names all three masters, as the ledger's cluster
+# URLs do.
+CLUSTER_PORTS=()
+for i in 1 2 3 4 5 6; do
+	port=$(free_port)
+	TAKEN="$TAKEN$port "
+	bus=$(free_port)
+	TAKEN="$TAKEN$bus "
+	CLUSTER_PORTS+=("$port")
+	d="$WORK/cluster/$port"
+	mkdir -p "$d"
+	redis-server --port "$port" --cluster-port "$bus" --bind 127.0.0.1 --cluster-enabled yes \
+		--cluster-config-file "$d/nodes.conf" --cluster-node-timeout 2000 --save "" --appendonly no \
+		--dir "$d" --daemonize yes --pidfile "$d/redis.pid" --logfile "$d/redis.log"
+done
+for port in "${CLUSTER_PORTS[@]}"; do
+	for _ in $(seq 1 100); do
+		redis-cli -p "$port" ping >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+done
+log "starting a Redis Cluster on 127.0.0.1 ports ${CLUSTER_PORTS[*]}"
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${CLUSTER_PORTS[@]}") \
+	--cluster-replicas 1 --cluster-yes >"$WORK/cluster/create.log" 2>&1 ||
+	{ cat "$WORK/cluster/create.log" >&2; exit 1; }
+for port in "${CLUSTER_PORTS[@]}"; do
+	for _ in $(seq 1 200); do
+		redis-cli -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && break
+		sleep 0.1
+	done
+	redis-cli -p "$port" cluster info | grep -q '^cluster_state:ok' ||
+		{ echo "Redis Cluster node $port is not ready" >&2; exit 1; }
+done
+# Until every node knows the three masters (with their slots) and the three
+# replicas: replicas attach after the create, by gossip.
+cluster_roles() {
+	redis-cli -p "$1" cluster nodes | awk '$3 ~ /master/ && NF >= 9 {m++} $3 ~ /slave/ {r++} END {print m + 0, r + 0}'
+}
+for port in "${CLUSTER_PORTS[@]}"; do
+	for _ in $(seq 1 200); do
+		[ "$(cluster_roles "$port")" = "3 3" ] && break
+		sleep 0.1
+	done
+	[ "$(cluster_roles "$port")" = "3 3" ] ||
+		{ echo "Redis Cluster node $port sees masters and replicas $(cluster_roles "$port")" >&2; exit 1; }
+done
+CLUSTER_MASTERS=($(redis-cli -p "${CLUSTER_PORTS[0]}" cluster nodes | awk '$3 ~ /master/ && NF >= 9 {split($2, a, "@"); print a[1]}'))
+export ONEJOB_TEST_REDIS_CLUSTER="redis://${CLUSTER_MASTERS[0]}?addr=${CLUSTER_MASTERS[1]}&addr=${CLUSTER_MASTERS[2]}"

@@ -12,7 +12,7 @@ import (
 // The Redis ledger keeps no index by state (see the keyspace in doc.go):
 // counting its jobs means reading them. So that one count costs a bounded
 // amount of work on the server however large the ledger, Counts walks the
-// index <p>idx from the newest job to the oldest in steps: each call reads
+// index (walk) from the newest job to the oldest in steps: each call reads
 // at most countBudget jobs (in MULTIs of countBatch, as Jobs reads them:
 // fields and attempts, never bodies), goes on where the previous call
 // stopped, and answers with the latest complete walk. A ledger of up to
@@ -43,7 +43,7 @@ func (l *Ledger) Counts(ctx context.Context) (ledger.Counts, error) {
 	}
 	done := false
 	for read := 0; read < countBudget && !done; {
-		ids, err := l.indexPage(ctx, w.cursor, countBatch)
+		ids, err := l.walk(ctx, w.cursor, countBatch)
 		if err != nil {
 			return ledger.Counts{}, fmt.Errorf("redis ledger: counts: %w", err)
 		}
@@ -56,7 +56,7 @@ func (l *Ledger) Counts(ctx context.Context) (ledger.Counts, error) {
 		}
 		read += len(ids)
 		if len(ids) > 0 {
-			w.cursor = ids[len(ids)-1]
+			w.cursor = ids[len(ids)-1].id
 		}
 		done = len(ids) < countBatch
 	}

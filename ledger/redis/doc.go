@@ -1,45 +1,68 @@
 // Package redis is a Ledger on Redis, for many gateway instances sharing one
-// Redis server. Every transition is one Lua script run with EVALSHA: one
-// round trip, atomic on the server, with deadlines and expiry judged by the
-// server's clock (TIME inside the script, never the gateway's). Waiters are
-// woken through pub/sub on one subscription per Ledger.
+// Redis server or one Redis Cluster. Every transition is one Lua script run
+// with EVALSHA: one round trip, atomic on the server, with deadlines and
+// expiry judged by the server's clock (TIME inside the script, never the
+// gateway's). Waiters are woken through pub/sub on one subscription per
+// Ledger (on a cluster, sharded pub/sub: one connection per master).
 //
 // The scripts (scripts/*.lua, each run with the shared scripts/lib.lua)
 // implement the rules of ledger/internal/fsm, and every transition is
 // idempotent by the ids the caller chose: a script applied twice has the
 // effect of once and answers as the first time. The client never re-sends
-// a command on its own (MaxRetries -1): a script whose reply was lost is
-// repeated, if at all, by the caller.
+// a command on its own (MaxRetries -1), and scripts go out as commands
+// that go-redis's cluster client does not re-send after a network error
+// either (onceCmd), though it follows MOVED and ASK: a script whose reply
+// was lost is repeated, if at all, by the caller.
 //
 // # Keyspace
 //
-// Every key starts with Options.Prefix (default "onejob:"), written <p>:
+// Every key starts with Options.Prefix (default "onejob:") and lives in a
+// bucket; <b> below is the bucket's key prefix. On a single server there is
+// one bucket and <b> is the prefix itself: the keyspace of every earlier
+// release, unchanged, so that a ledger they wrote reads on and gateways of
+// both releases can share one during an upgrade. On Redis Cluster there are
+// 64 buckets and <b> is the prefix followed by the bucket's hash tag,
+// "{j18958}" for bucket 0 (bucketTags: each tag hashes to the middle of
+// its bucket's 1/64 of the slots, so the buckets divide evenly among masters
+// that own ranges of slots). A job lives in the bucket of its identity
+// (CRC-32 of the identity below, modulo 64), with its identity key and its
+// entries in the bucket's indexes: every script and every MULTI touches one
+// slot. The prefix must not contain braces on a cluster.
 //
-//	<p>k:<hex owner hash>:<hex key hash>   string: the id of the job that
+//	<b>k:<hex owner hash>:<hex key hash>   string: the id of the job that
 //	                                       holds the identity (owner, key)
-//	<p>j:<job id>                          hash: the job (id, owner, key,
+//	<b>j:<job id>                          hash: the job (id, owner, key,
 //	                                       ident, fp, fpv, fps (scheme),
 //	                                       state, ver, by, ret, created,
 //	                                       done, exp, n) and
 //	                                       its answer (status, hdr as JSON,
 //	                                       body, size, stored)
-//	<p>a:<job id>                          hash: the job's attempts, fields
+//	<b>a:<job id>                          hash: the job's attempts, fields
 //	                                       "<number>:<name>" with names id,
 //	                                       p (provider), s (state), v (job
 //	                                       version), t0, dl (deadline), t1
 //	                                       (finished), e (error), rs ("1"
 //	                                       for a re-send: Ledger.Resend)
-//	<p>idx                                 sorted set, score 0: every job id;
-//	                                       UUIDv7 ids sort by creation, so
-//	                                       listing is ZREVRANGEBYLEX
-//	<p>leases                              sorted set: job id, scored by the
+//	<b>idx                                 sorted set, score 0: the bucket's
+//	                                       job ids; UUIDv7 ids sort by
+//	                                       creation, so listing is
+//	                                       ZREVRANGEBYLEX, merged over the
+//	                                       buckets (walk)
+//	<b>leases                              sorted set: job id, scored by the
 //	                                       earliest deadline of its starting
 //	                                       attempts (for the sweeper)
-//	<p>expiry                              sorted set: "<job id>|<hex owner
+//	<b>expiry                              sorted set: "<job id>|<hex owner
 //	                                       hash>:<hex key hash>", scored by
 //	                                       the job's expiry (for the sweeper)
-//	<p>jobs                                pub/sub channel: the id of every
-//	                                       job whose state changed
+//	<b>jobs                                channel: the id of every job of
+//	                                       the bucket whose state changed
+//	                                       (PUBLISH; on a cluster a shard
+//	                                       channel, SPUBLISH)
+//
+// A job id names no bucket: the ledger remembers the bucket of every job a
+// reply showed it (the gateway's transitions follow its own reservation),
+// and otherwise asks every bucket's index for the id, in one pipeline (a
+// round trip per master), as the admin API's reads by id may need.
 //
 // Times are microseconds since the Unix epoch by the server's clock. The
 // identity key is the uniqueness constraint: the reserve script creates a
@@ -62,18 +85,20 @@
 //
 // # Deployment limits
 //
-// The ledger needs a single Redis server, version 5 or newer (tested with
-// 7.0), optionally with replicas: not Redis Cluster. Scripts name the keys they touch in KEYS,
-// computed in Go, except reserve and find (the read of a job by owner and
-// key), which must follow the identity key to the job it names (j: and a:
-// of that job id) to answer in one round trip. Redis runs such scripts on one server, but a cluster would reject
-// them.
+// A single Redis server, version 5 or newer (tested with 7.0), optionally
+// with replicas; or Redis Cluster, version 7 or newer (sharded pub/sub),
+// tested with three masters and three replicas and slots migrated under
+// it. Scripts name the keys they touch in KEYS, computed in Go, except
+// reserve and find (the read of a job by owner and key), which follow the
+// identity key to the job it names (j: and a: of that job id, in the same
+// bucket) to answer in one round trip.
 //
 // The promise of no duplicate execution is only as strong as the server's
 // persistence: with appendonly off, with appendfsync other than always (or
 // everysec, which can lose the last second), with an eviction policy other
 // than noeviction, or across a failover to an asynchronous replica, a
 // reservation that was acknowledged can be lost and the same key executed
-// again. Ledger.CheckDurability reports such settings; the gateway warns at
-// start.
+// again. Ledger.CheckDurability reports such settings (on a cluster, of
+// every master, and masters whose clocks differ by more than a second); the
+// gateway warns at start.
 package redis

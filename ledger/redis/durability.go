@@ -3,18 +3,79 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // CheckDurability reports, in words for an operator, each setting of the
-// server that can lose an acknowledged reservation and so break the
-// promise that a key is executed once: persistence off or lax, eviction,
-// and asynchronous replication. It returns nil when it found none.
+// server (of every master, on a cluster) that can lose an acknowledged
+// reservation and so break the promise that a key is executed once:
+// persistence off or lax, eviction, and asynchronous replication; on a
+// cluster also masters whose clocks differ by more than a second (each job
+// is judged by its master's clock). It returns nil when it found none.
 func (l *Ledger) CheckDurability(ctx context.Context) []string {
+	if l.cluster == nil {
+		return checkServer(ctx, l.client)
+	}
+	var (
+		mu         sync.Mutex
+		warn       []string
+		first, end time.Time
+	)
+	err := l.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		addr := c.Options().Addr
+		w := checkServer(ctx, c)
+		now, terr := c.Time(ctx).Result()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range w {
+			warn = append(warn, strings.Replace(s, "redis ledger: ", "redis ledger: master "+addr+": ", 1))
+		}
+		switch {
+		case terr != nil:
+			warn = append(warn, fmt.Sprintf("redis ledger: master %s: could not read its clock: %v", addr, terr))
+		case first.IsZero():
+			first, end = now, now
+		default:
+			first, end = minTime(first, now), maxTime(end, now)
+		}
+		return nil
+	})
+	if err != nil {
+		warn = append(warn, fmt.Sprintf("redis ledger: could not reach every master of the cluster to check its settings: %v", err))
+	}
+	if d := end.Sub(first); d > time.Second {
+		warn = append(warn, fmt.Sprintf("redis ledger: the cluster's masters' clocks differ by %v: each job's deadlines and retention "+
+			"are judged by its own master's clock, so they stretch or shrink by as much from one job to another; synchronize them (NTP)", d.Round(time.Millisecond)))
+	}
+	slices.Sort(warn)
+	return warn
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// checkServer checks the settings of one server.
+func checkServer(ctx context.Context, client redis.Cmdable) []string {
 	var warn []string
 	get := func(name string) (string, error) {
-		m, err := l.client.ConfigGet(ctx, name).Result()
+		m, err := client.ConfigGet(ctx, name).Result()
 		if err != nil {
 			return "", err
 		}
@@ -53,7 +114,7 @@ func (l *Ledger) CheckDurability(ctx context.Context) []string {
 				"and their keys be executed again; set maxmemory-policy noeviction", policy))
 		}
 	}
-	info, err := l.client.Info(ctx, "replication").Result()
+	info, err := client.Info(ctx, "replication").Result()
 	if err != nil {
 		return append(warn, fmt.Sprintf("redis ledger: could not check replication (%v): asynchronous replication "+
 			"can lose acknowledged reservations on a failover", err))

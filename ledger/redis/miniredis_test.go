@@ -112,7 +112,7 @@ func TestServerClock(t *testing.T) {
 	if c, err := l.Complete(ctx, rq.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("x"), Size: 1, Stored: true}); err != nil || !c.Won {
 		t.Fatal(c.Won, err)
 	}
-	if ttl := m.TTL(l.jobKey(rq.Job.ID)); ttl <= 59*time.Minute || ttl > time.Hour+time.Second {
+	if ttl := m.TTL(jobKey(l.Prefix(), rq.Job.ID)); ttl <= 59*time.Minute || ttl > time.Hour+time.Second {
 		t.Errorf("completed job's TTL = %v, want its retention", ttl)
 	}
 	m.SetTime(start.Add(time.Minute + time.Hour - time.Microsecond))
@@ -127,7 +127,7 @@ func TestServerClock(t *testing.T) {
 	if err != nil || st.Removed != 1 {
 		t.Errorf("sweep: %+v %v, want 1 job removed", st, err)
 	}
-	if m.Exists(l.identKey(identity([]byte("o"), []byte("k2")))) {
+	if m.Exists(identKey(l.Prefix(), identity([]byte("o"), []byte("k2")))) {
 		t.Errorf("the sweeper left the expired job's identity key")
 	}
 	if r2, _ := l.Reserve(ctx, again(q)); r2.Outcome != ledger.Created || r2.Job.ID == rq.Job.ID {
@@ -155,21 +155,21 @@ func TestReplaceInPlace(t *testing.T) {
 	if err != nil || r2.Outcome != ledger.Created || r2.Job.ID == r.Job.ID {
 		t.Fatalf("reserve after expiry: %v %v", r2.Outcome, err)
 	}
-	for _, k := range []string{l.jobKey(r.Job.ID), l.attemptsKey(r.Job.ID)} {
+	for _, k := range []string{jobKey(l.Prefix(), r.Job.ID), attemptsKey(l.Prefix(), r.Job.ID)} {
 		if m.Exists(k) {
 			t.Errorf("%s survived the replacement", k)
 		}
 	}
-	if ids, _ := m.ZMembers(l.idxKey()); len(ids) != 1 || ids[0] != r2.Job.ID {
+	if ids, _ := m.ZMembers(idxKey(l.Prefix())); len(ids) != 1 || ids[0] != r2.Job.ID {
 		t.Errorf("index = %v, want only the new job", ids)
 	}
-	if ms, _ := m.ZMembers(l.expiryKey()); len(ms) != 0 {
+	if ms, _ := m.ZMembers(expiryKey(l.Prefix())); len(ms) != 0 {
 		t.Errorf("expiry index = %v, want empty", ms)
 	}
 	if st, err := l.Sweep(ctx, 10); err != nil || st != (ledger.SweepStats{}) {
 		t.Errorf("sweep after replacement: %+v %v", st, err)
 	}
-	if got, _ := m.Get(l.identKey(identity([]byte("o"), []byte("k")))); got != r2.Job.ID {
+	if got, _ := m.Get(identKey(l.Prefix(), identity([]byte("o"), []byte("k")))); got != r2.Job.ID {
 		t.Errorf("identity names %q, want the new job", got)
 	}
 }
@@ -184,19 +184,19 @@ func TestReopenKeepsJob(t *testing.T) {
 	if _, err := l.Fail(ctx, r.Attempt.Ref(), "503", nil); err != nil {
 		t.Fatal(err)
 	}
-	if m.TTL(l.jobKey(r.Job.ID)) == 0 {
+	if m.TTL(jobKey(l.Prefix(), r.Job.ID)) == 0 {
 		t.Errorf("failed job has no TTL")
 	}
 	re, err := l.Reserve(ctx, again(p))
 	if err != nil || re.Outcome != ledger.Reopened {
 		t.Fatal(re.Outcome, err)
 	}
-	for _, k := range []string{l.jobKey(r.Job.ID), l.attemptsKey(r.Job.ID)} {
+	for _, k := range []string{jobKey(l.Prefix(), r.Job.ID), attemptsKey(l.Prefix(), r.Job.ID)} {
 		if ttl := m.TTL(k); ttl != 0 {
 			t.Errorf("%s keeps TTL %v after the re-open", k, ttl)
 		}
 	}
-	if ms, _ := m.ZMembers(l.expiryKey()); len(ms) != 0 {
+	if ms, _ := m.ZMembers(expiryKey(l.Prefix())); len(ms) != 0 {
 		t.Errorf("expiry index = %v after the re-open", ms)
 	}
 	j, err := l.Job(ctx, r.Job.ID)

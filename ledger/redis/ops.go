@@ -1,11 +1,14 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/fsm"
@@ -15,7 +18,7 @@ import (
 // run runs a script and returns its reply as an array with a string
 // outcome first.
 func (l *Ledger) run(ctx context.Context, what string, s script, keys []string, args ...any) (string, []any, error) {
-	v, err := s.Run(ctx, l.client, keys, args...).Result()
+	v, err := l.eval(ctx, s, keys, args...).Result()
 	if err != nil {
 		return "", nil, fmt.Errorf("redis ledger: %s: %w", what, err)
 	}
@@ -84,9 +87,10 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		return ledger.Reservation{}, errNoIDs("reserve")
 	}
 	ident := identity(p.OwnerHash, p.KeyHash)
-	keys := []string{l.identKey(ident), l.jobKey(p.JobID), l.attemptsKey(p.JobID), l.idxKey(), l.leasesKey(), l.expiryKey()}
-	outcome, a, err := l.run(ctx, "reserve", scripts.reserve, keys,
-		l.prefix, p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
+	bp := l.identBucket(ident)
+	keys := []string{identKey(bp, ident), jobKey(bp, p.JobID), attemptsKey(bp, p.JobID), idxKey(bp), leasesKey(bp), expiryKey(bp)}
+	outcome, a, err := l.run(ctx, "reserve", l.scripts.reserve, keys,
+		bp, p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
 		strconv.Itoa(p.FingerprintVersion), p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention),
 		p.FingerprintScheme)
 	if err != nil {
@@ -106,6 +110,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		}
 		m := zipFields([]string{"id", "state", "created", "fpv", "fps"}, vals)
 		fpv, _ := strconv.Atoi(m["fpv"])
+		l.ids.put(m["id"], l.bucketOf(ident))
 		return ledger.Mismatched(&ledger.Job{ID: m["id"], State: ledger.JobState(m["state"]),
 			CreatedAt: timeOf(m["created"]), FingerprintVersion: fpv, FingerprintScheme: m["fps"]}, r.Now), nil
 	}
@@ -115,6 +120,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	if r.Job, err = scriptJob("reserve", a[2], a[3]); err != nil {
 		return ledger.Reservation{}, err
 	}
+	l.saw(r.Job)
 	switch r.Outcome {
 	case ledger.Created, ledger.Reopened:
 		n, _ := a[4].(int64)
@@ -146,9 +152,13 @@ func (l *Ledger) start(ctx context.Context, op string, ref ledger.AttemptRef, ne
 	if next.ID == "" {
 		return ledger.Attempt{}, errNoIDs(op)
 	}
-	outcome, a, err := l.run(ctx, op, scripts.start,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
-		l.prefix, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), reconciles)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return ledger.Attempt{}, err
+	}
+	outcome, a, err := l.run(ctx, op, l.scripts.start,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp)},
+		bp, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), reconciles)
 	if err != nil {
 		return ledger.Attempt{}, err
 	}
@@ -184,13 +194,17 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 	if err != nil {
 		return ledger.Completion{}, err
 	}
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return ledger.Completion{}, err
+	}
 	body, stored := []byte(nil), "0"
 	if resp.Stored {
 		body, stored = resp.Body, "1"
 	}
-	outcome, a, err := l.run(ctx, "complete", scripts.complete,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, ref.AttemptID, strconv.FormatInt(ref.Version, 10), strconv.Itoa(resp.Status), header,
+	outcome, a, err := l.run(ctx, "complete", l.scripts.complete,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
+		bp, ref.AttemptID, strconv.FormatInt(ref.Version, 10), strconv.Itoa(resp.Status), header,
 		body, strconv.FormatInt(resp.Size, 10), stored)
 	if err != nil {
 		return ledger.Completion{}, err
@@ -229,8 +243,12 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 	} else {
 		body = nil
 	}
-	outcome, _, err := l.run(ctx, "save body", scripts.saveBody, []string{l.jobKey(ref.JobID)},
-		ref.AttemptID, body, strconv.FormatInt(size, 10), s, l.prefix)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return err
+	}
+	outcome, _, err := l.run(ctx, "save body", l.scripts.saveBody, []string{jobKey(bp, ref.JobID)},
+		ref.AttemptID, body, strconv.FormatInt(size, 10), s, bp)
 	if err != nil {
 		return err
 	}
@@ -249,9 +267,13 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 		}
 		hasNext, nextID, provider, lease = "1", next.ID, next.Provider, micros(next.Lease)
 	}
-	outcome, a, err := l.run(ctx, "fail", scripts.fail,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, ref.AttemptID, reason, hasNext, nextID, provider, lease)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return nil, err
+	}
+	outcome, a, err := l.run(ctx, "fail", l.scripts.fail,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
+		bp, ref.AttemptID, reason, hasNext, nextID, provider, lease)
 	if err != nil {
 		return nil, err
 	}
@@ -266,9 +288,13 @@ func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
 	if !validID(ref.JobID) {
 		return ledger.ErrNotFound
 	}
-	outcome, _, err := l.run(ctx, "unsent", scripts.unsent,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, ref.AttemptID, ledger.ReasonUnsent)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return err
+	}
+	outcome, _, err := l.run(ctx, "unsent", l.scripts.unsent,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
+		bp, ref.AttemptID, ledger.ReasonUnsent)
 	if err != nil {
 		return err
 	}
@@ -280,9 +306,13 @@ func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason 
 	if !validID(ref.JobID) {
 		return ledger.ErrNotFound
 	}
-	outcome, _, err := l.run(ctx, "mark unknown", scripts.markUnknown,
-		[]string{l.jobKey(ref.JobID), l.attemptsKey(ref.JobID), l.leasesKey()},
-		l.prefix, ref.AttemptID, reason)
+	bp, err := l.where(ctx, ref.JobID)
+	if err != nil {
+		return err
+	}
+	outcome, _, err := l.run(ctx, "mark unknown", l.scripts.markUnknown,
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp)},
+		bp, ref.AttemptID, reason)
 	if err != nil {
 		return err
 	}
@@ -305,9 +335,13 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 			return nil, errNoIDs("resolve")
 		}
 	}
-	outcome, a, err := l.run(ctx, "resolve", scripts.resolve,
-		[]string{l.jobKey(jobID), l.attemptsKey(jobID), l.leasesKey(), l.expiryKey()},
-		l.prefix, cancel, r.AttemptID, status, header, body)
+	bp, err := l.where(ctx, jobID)
+	if err != nil {
+		return nil, err
+	}
+	outcome, a, err := l.run(ctx, "resolve", l.scripts.resolve,
+		[]string{jobKey(bp, jobID), attemptsKey(bp, jobID), leasesKey(bp), expiryKey(bp)},
+		bp, cancel, r.AttemptID, status, header, body)
 	if err != nil {
 		return nil, err
 	}
@@ -320,41 +354,82 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 	return scriptJob("resolve", a[2], a[3])
 }
 
-// Sweep implements ledger.Ledger: one script finds up to limit expired
-// leases and expired jobs by the server's clock, a second one (naming every
-// key it touches) records and removes them.
+// Sweep implements ledger.Ledger: in every bucket one script finds up to
+// limit expired leases and expired jobs by the server's clock (the scans
+// of all buckets in one pipeline), and a second one (naming every key it
+// touches) records the leases and removes the jobs, up to limit jobs in
+// all.
 func (l *Ledger) Sweep(ctx context.Context, limit int) (ledger.SweepStats, error) {
 	var st ledger.SweepStats
 	if limit <= 0 {
 		return st, nil
 	}
-	v, err := scripts.sweepScan.Run(ctx, l.client, []string{l.leasesKey(), l.expiryKey()}, strconv.Itoa(limit)).Result()
-	if err != nil {
-		return st, fmt.Errorf("redis ledger: sweep: %w", err)
+	scans := make([]*redis.Cmd, len(l.buckets))
+	if len(l.buckets) == 1 {
+		scans[0] = l.eval(ctx, l.scripts.sweepScan, []string{leasesKey(l.buckets[0]), expiryKey(l.buckets[0])}, strconv.Itoa(limit))
+	} else {
+		// Reads only: a pipeline, split by node.
+		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, bp := range l.buckets {
+				scans[i] = p.EvalSha(ctx, l.scripts.sweepScan.Hash(), []string{leasesKey(bp), expiryKey(bp)}, strconv.Itoa(limit))
+			}
+			return nil
+		})
 	}
-	scan, ok := array(v)
-	if !ok || len(scan) != 2 {
-		return st, errReply("sweep", v)
+	// A bucket that fails (its master is away) does not keep the others
+	// from being swept: the first error is returned after them.
+	budget := limit
+	var first error
+	for i, bp := range l.buckets {
+		v, err := scans[i].Result()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			v, err = l.eval(ctx, l.scripts.sweepScan, []string{leasesKey(bp), expiryKey(bp)}, strconv.Itoa(limit)).Result()
+		}
+		if err != nil {
+			first = cmp.Or(first, fmt.Errorf("redis ledger: sweep: %w", err))
+			continue
+		}
+		scan, ok := array(v)
+		if !ok || len(scan) != 2 {
+			first = cmp.Or(first, errReply("sweep", v))
+			continue
+		}
+		leased, _ := array(scan[0])
+		expired, _ := array(scan[1])
+		expired = expired[:min(len(expired), budget)]
+		if len(leased) == 0 && len(expired) == 0 {
+			continue
+		}
+		b, err := l.sweepBucket(ctx, bp, leased, expired)
+		if err != nil {
+			first = cmp.Or(first, err)
+			continue
+		}
+		st.Unknown += b.Unknown
+		st.Removed += b.Removed
+		budget -= len(expired)
 	}
-	leased, _ := array(scan[0])
-	expired, _ := array(scan[1])
-	if len(leased) == 0 && len(expired) == 0 {
-		return st, nil
-	}
-	keys := []string{l.idxKey(), l.leasesKey(), l.expiryKey()}
-	args := []any{l.prefix, strconv.Itoa(len(leased)), strconv.Itoa(len(expired))}
+	return st, first
+}
+
+// sweepBucket records the expired leases and removes the expired jobs a
+// scan of bucket bp found.
+func (l *Ledger) sweepBucket(ctx context.Context, bp string, leased, expired []any) (ledger.SweepStats, error) {
+	var st ledger.SweepStats
+	keys := []string{idxKey(bp), leasesKey(bp), expiryKey(bp)}
+	args := []any{bp, strconv.Itoa(len(leased)), strconv.Itoa(len(expired))}
 	for _, x := range leased {
 		id, _ := str(x)
-		keys = append(keys, l.jobKey(id), l.attemptsKey(id))
+		keys = append(keys, jobKey(bp, id), attemptsKey(bp, id))
 		args = append(args, id)
 	}
 	for _, x := range expired {
 		m, _ := str(x)
 		id, ident, _ := strings.Cut(m, "|")
-		keys = append(keys, l.jobKey(id), l.attemptsKey(id), l.identKey(ident))
+		keys = append(keys, jobKey(bp, id), attemptsKey(bp, id), identKey(bp, ident))
 		args = append(args, m)
 	}
-	v, err = scripts.sweep.Run(ctx, l.client, keys, args...).Result()
+	v, err := l.eval(ctx, l.scripts.sweep, keys, args...).Result()
 	if err != nil {
 		return st, fmt.Errorf("redis ledger: sweep: %w", err)
 	}

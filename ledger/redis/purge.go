@@ -13,7 +13,7 @@ import (
 var purgeBatch = 500
 
 // Purge implements ledger.Purger. The ledger has no index by owner (see
-// the keyspace in doc.go), so Purge walks the job index (indexPage), reads
+// the keyspace in doc.go), so Purge walks the job index (walk), reads
 // each step's jobs as Jobs does (fields and attempts, never bodies), and
 // gives the owner's to the purge script, which checks the owner and the
 // state again, atomically, before it removes a job. Its cost grows with
@@ -21,28 +21,35 @@ var purgeBatch = 500
 func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
 	var st ledger.PurgeStats
 	for cursor := ""; ; {
-		ids, err := l.indexPage(ctx, cursor, purgeBatch)
+		refs, err := l.walk(ctx, cursor, purgeBatch)
 		if err != nil {
 			return st, fmt.Errorf("redis ledger: purge: %w", err)
 		}
-		if len(ids) == 0 {
+		if len(refs) == 0 {
 			break
 		}
-		cursor = ids[len(ids)-1]
-		jobs, err := l.loadMany(ctx, ids)
+		cursor = refs[len(refs)-1].id
+		jobs, err := l.loadMany(ctx, refs)
 		if err != nil {
 			return st, err
 		}
-		keys := []string{l.idxKey(), l.leasesKey(), l.expiryKey()}
-		args := []any{l.prefix, ownerHash}
-		for _, j := range jobs {
-			if bytes.Equal(j.OwnerHash, ownerHash) {
-				keys = append(keys, l.jobKey(j.ID), l.attemptsKey(j.ID), l.identKey(identity(j.OwnerHash, j.KeyHash)))
-				args = append(args, j.ID)
+		// One script per bucket: on a cluster, a script's keys are in one
+		// slot.
+		keys, args := map[string][]string{}, map[string][]any{}
+		for i, j := range jobs {
+			if j == nil || !bytes.Equal(j.OwnerHash, ownerHash) {
+				continue
 			}
+			bp := refs[i].bp
+			if _, ok := keys[bp]; !ok {
+				keys[bp] = []string{idxKey(bp), leasesKey(bp), expiryKey(bp)}
+				args[bp] = []any{bp, ownerHash}
+			}
+			keys[bp] = append(keys[bp], jobKey(bp, j.ID), attemptsKey(bp, j.ID), identKey(bp, identity(j.OwnerHash, j.KeyHash)))
+			args[bp] = append(args[bp], j.ID)
 		}
-		if len(args) > 2 {
-			v, err := scripts.purge.Run(ctx, l.client, keys, args...).Result()
+		for bp := range keys {
+			v, err := l.eval(ctx, l.scripts.purge, keys[bp], args[bp]...).Result()
 			if err != nil {
 				return st, fmt.Errorf("redis ledger: purge: %w", err)
 			}
@@ -55,7 +62,7 @@ func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats
 			st.Removed += int(r)
 			st.Kept += int(k)
 		}
-		if len(ids) < purgeBatch {
+		if len(refs) < purgeBatch {
 			break
 		}
 	}

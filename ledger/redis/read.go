@@ -19,13 +19,17 @@ func (l *Ledger) load(ctx context.Context, jobID string) (*ledger.Job, time.Time
 	if !validID(jobID) {
 		return nil, time.Time{}, ledger.ErrNotFound
 	}
+	bp, err := l.where(ctx, jobID)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
 	var (
 		jc, ac *redis.MapStringStringCmd
 		tc     *redis.TimeCmd
 	)
-	_, err := l.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		jc = p.HGetAll(ctx, l.jobKey(jobID))
-		ac = p.HGetAll(ctx, l.attemptsKey(jobID))
+	_, err = l.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		jc = p.HGetAll(ctx, jobKey(bp, jobID))
+		ac = p.HGetAll(ctx, attemptsKey(bp, jobID))
 		tc = p.Time(ctx)
 		return nil
 	})
@@ -64,7 +68,9 @@ func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
 // its attempts and the server's clock from one snapshot; expiry and leases
 // are judged in Go by that clock, as load does.
 func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
-	v, err := scripts.find.Run(ctx, l.client, []string{l.identKey(identity(ownerHash, keyHash))}, l.prefix).Result()
+	ident := identity(ownerHash, keyHash)
+	bp := l.identBucket(ident)
+	v, err := l.eval(ctx, l.scripts.find, []string{identKey(bp, ident)}, bp).Result()
 	if err != nil {
 		return nil, fmt.Errorf("redis ledger: find: %w", err)
 	}
@@ -83,39 +89,37 @@ func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.J
 	if j.Expired(now) {
 		return nil, ledger.ErrNotFound
 	}
+	l.saw(j)
 	fsm.ApplyLeases(j, now)
 	j.ReadAt = now
 	return j, nil
 }
 
-// Jobs implements ledger.Ledger: it walks the index newest first, reading
-// batches of jobs (their fields, not their bodies, and their attempts) with
-// the server's clock in one MULTI each, and keeps the unexpired jobs that
-// match the query once leases are applied. Listed jobs carry their
-// response's status and size, not its body.
+// Jobs implements ledger.Ledger: it walks the index newest first (walk),
+// reading batches of jobs (their fields, not their bodies, and their
+// attempts) with the server's clock in one MULTI per bucket, and keeps the
+// unexpired jobs that match the query once leases are applied. Listed jobs
+// carry their response's status and size, not its body.
 func (l *Ledger) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
 	limit := ledger.EffectiveLimit(q.Limit)
-	upper := "+"
-	if q.Before != "" {
-		if !validID(q.Before) {
-			return ledger.JobPage{}, fmt.Errorf("redis ledger: invalid cursor %q", q.Before)
-		}
-		upper = "(" + q.Before
+	if q.Before != "" && !validID(q.Before) {
+		return ledger.JobPage{}, fmt.Errorf("redis ledger: invalid cursor %q", q.Before)
 	}
-	batch := int64(limit + 1)
+	cursor := q.Before
+	batch := limit + 1
 	if q.State != "" || q.Provider != "" {
 		batch = max(batch, 200)
 	}
 	var jobs []*ledger.Job
 	for len(jobs) <= limit {
-		ids, err := l.client.ZRevRangeByLex(ctx, l.idxKey(), &redis.ZRangeBy{Max: upper, Min: "-", Count: batch}).Result()
+		refs, err := l.walk(ctx, cursor, batch)
 		if err != nil {
 			return ledger.JobPage{}, fmt.Errorf("redis ledger: jobs: %w", err)
 		}
-		if len(ids) == 0 {
+		if len(refs) == 0 {
 			break
 		}
-		found, err := l.loadMany(ctx, ids)
+		found, err := l.loadMany(ctx, refs)
 		if err != nil {
 			return ledger.JobPage{}, err
 		}
@@ -124,10 +128,10 @@ func (l *Ledger) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, e
 				jobs = append(jobs, j)
 			}
 		}
-		if int64(len(ids)) < batch {
+		if len(refs) < batch {
 			break
 		}
-		upper = "(" + ids[len(ids)-1]
+		cursor = refs[len(refs)-1].id
 	}
 	var page ledger.JobPage
 	if len(jobs) > limit {
@@ -139,40 +143,70 @@ func (l *Ledger) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, e
 }
 
 // loadMany reads the listed jobs that still exist and have not expired, in
-// the order given, with leases applied.
-func (l *Ledger) loadMany(ctx context.Context, ids []string) ([]*ledger.Job, error) {
-	jcs := make([]*redis.SliceCmd, len(ids))
-	acs := make([]*redis.MapStringStringCmd, len(ids))
+// the order given, with leases applied: one MULTI per bucket (a MULTI
+// cannot span slots), the buckets' reads run side by side.
+func (l *Ledger) loadMany(ctx context.Context, refs []idRef) ([]*ledger.Job, error) {
+	groups := map[string][]int{} // bucket prefix -> indexes into refs
+	for i, r := range refs {
+		groups[r.bp] = append(groups[r.bp], i)
+	}
+	read := make([]*ledger.Job, len(refs))
+	errs := make(chan error, len(groups))
+	for bp, idx := range groups {
+		go func() { errs <- l.loadBucket(ctx, bp, refs, idx, read) }()
+	}
+	var first error
+	for range groups {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	jobs := make([]*ledger.Job, 0, len(refs))
+	for _, j := range read {
+		if j != nil {
+			jobs = append(jobs, j)
+		}
+	}
+	return jobs, nil
+}
+
+// loadBucket reads refs[i] for each i in idx, all in bucket bp, into
+// read[i], leaving nil those gone or expired.
+func (l *Ledger) loadBucket(ctx context.Context, bp string, refs []idRef, idx []int, read []*ledger.Job) error {
+	jcs := make([]*redis.SliceCmd, len(idx))
+	acs := make([]*redis.MapStringStringCmd, len(idx))
 	var tc *redis.TimeCmd
 	_, err := l.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		tc = p.Time(ctx)
-		for i, id := range ids {
-			jcs[i] = p.HMGet(ctx, l.jobKey(id), jobFields...)
-			acs[i] = p.HGetAll(ctx, l.attemptsKey(id))
+		for k, i := range idx {
+			jcs[k] = p.HMGet(ctx, jobKey(bp, refs[i].id), jobFields...)
+			acs[k] = p.HGetAll(ctx, attemptsKey(bp, refs[i].id))
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("redis ledger: jobs: %w", err)
+		return fmt.Errorf("redis ledger: jobs: %w", err)
 	}
 	now := tc.Val()
-	jobs := make([]*ledger.Job, 0, len(ids))
-	for i := range ids {
-		m := zipFields(jobFields, jcs[i].Val())
+	for k, i := range idx {
+		m := zipFields(jobFields, jcs[k].Val())
 		if m["id"] == "" {
 			continue // expired by TTL, not yet swept from the index
 		}
 		j, err := decodeJob(m)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if j.Expired(now) {
 			continue
 		}
 		n, _ := strconv.Atoi(m["n"])
-		decodeAttempts(j, acs[i].Val(), n)
+		decodeAttempts(j, acs[k].Val(), n)
 		fsm.ApplyLeases(j, now)
-		jobs = append(jobs, j)
+		read[i] = j
 	}
-	return jobs, nil
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/google/uuid"
@@ -23,15 +24,32 @@ const DefaultPrefix = "onejob:"
 // Options configure a Ledger.
 type Options struct {
 	// Prefix starts every key and the pub/sub channel; default "onejob:".
-	// Gateways that share a ledger use the same prefix.
+	// Gateways that share a ledger use the same prefix. On Redis Cluster
+	// it must not contain braces.
 	Prefix string
+
+	// buckets, when not 0, lays a single server's keys out in that many
+	// buckets, as on a cluster (tests run the bucketed layout on miniredis
+	// with it).
+	buckets int
+	// dial, when not nil, opens the connections (tests put a proxy in
+	// between).
+	dial dialer
 }
 
 // Ledger is a Redis ledger.
 type Ledger struct {
-	client *redis.Client
-	prefix string
-	listen *ledger.Subscriber
+	client redis.UniversalClient
+	// cluster is client on Redis Cluster, else nil.
+	cluster *redis.ClusterClient
+	prefix  string
+	// buckets are the key prefixes of the ledger's buckets (layout.go):
+	// one on a single server, clusterBuckets on a cluster.
+	buckets []string
+	// ids remembers the buckets of the jobs this process saw.
+	ids     idCache
+	scripts *scriptSet
+	listen  *ledger.Subscriber
 	// replays holds completed jobs read lately.
 	replays *near.Cache
 	// counts is the walk of Counts (counts.go).
@@ -42,27 +60,32 @@ type Ledger struct {
 }
 
 // Open connects to the Redis server at url (redis://, rediss:// or
-// unix://, as redis.ParseURL reads it), loads the ledger's scripts, and
-// returns the ledger. It does not judge the server's durability settings:
-// call CheckDurability for that.
+// unix://, as redis.ParseURL reads it), or to a Redis Cluster: when url
+// names more nodes with addr= parameters (as redis.ParseClusterURL reads
+// it), or when the one server it names says it is part of a cluster (INFO
+// cluster). It loads the ledger's scripts and returns the ledger. It does
+// not judge the server's durability settings: call CheckDurability for
+// that.
 func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 	prefix := opts.Prefix
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	o, err := redis.ParseURL(url)
+	client, cluster, err := connect(ctx, url, opts.dial)
 	if err != nil {
 		return nil, fmt.Errorf("redis ledger: %w", err)
 	}
-	// Never re-send a command on its own: go-redis re-sends after a read
-	// error (EOF, timeout) by default, and a script whose reply was lost
-	// would then run twice. The caller repeats a transition instead, as it
-	// is idempotent by the ids it carries. The pub/sub listener uses this
-	// client too, and resubscribes on its own after a broken connection.
-	o.MaxRetries = -1
-	client := redis.NewClient(o)
-	l := &Ledger{client: client, prefix: prefix, replays: near.New(10000, 64<<20)}
-	if err := preload(ctx, client); err != nil {
+	n, publish := opts.buckets, "PUBLISH"
+	if cluster != nil {
+		if strings.ContainsAny(prefix, "{}") {
+			client.Close()
+			return nil, fmt.Errorf("redis ledger: the prefix %q has a brace: on Redis Cluster the ledger's hash tags follow it", prefix)
+		}
+		n, publish = clusterBuckets, "SPUBLISH"
+	}
+	l := &Ledger{client: client, cluster: cluster, prefix: prefix, buckets: newBuckets(prefix, n),
+		scripts: scriptsFor(publish), replays: near.New(10000, 64<<20)}
+	if err := l.preload(ctx); err != nil {
 		// A server that answered with an error (a password, a digest) is
 		// a mistake to refuse now. One out of reach is not: a gateway
 		// restarted during a network blip must come up, answer 503 while
@@ -75,7 +98,15 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 		}
 		l.startErr = fmt.Errorf("redis ledger: server out of reach at start (%w): calls fail until it answers", err)
 	}
-	l.listen = ledger.NewSubscriber(pubsub.Session(client, l.channel()), nil)
+	channels := make([]string, len(l.buckets))
+	for i, bp := range l.buckets {
+		channels[i] = channelOf(bp)
+	}
+	if cluster != nil {
+		l.listen = ledger.NewSubscriber(pubsub.Sharded(cluster, channels), nil)
+	} else {
+		l.listen = ledger.NewSubscriber(pubsub.Session(client, channels...), nil)
+	}
 	return l, nil
 }
 
@@ -92,8 +123,9 @@ func unreachable(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }
 
-// Client returns the ledger's Redis client.
-func (l *Ledger) Client() *redis.Client { return l.client }
+// Client returns the ledger's Redis client: a *redis.Client on a single
+// server, a *redis.ClusterClient on a cluster.
+func (l *Ledger) Client() redis.UniversalClient { return l.client }
 
 // Prefix returns the prefix of the ledger's keys.
 func (l *Ledger) Prefix() string { return l.prefix }
@@ -103,14 +135,6 @@ func (l *Ledger) Close() error {
 	l.listen.Close()
 	return l.client.Close()
 }
-
-func (l *Ledger) jobKey(id string) string      { return l.prefix + "j:" + id }
-func (l *Ledger) attemptsKey(id string) string { return l.prefix + "a:" + id }
-func (l *Ledger) identKey(ident string) string { return l.prefix + "k:" + ident }
-func (l *Ledger) idxKey() string               { return l.prefix + "idx" }
-func (l *Ledger) leasesKey() string            { return l.prefix + "leases" }
-func (l *Ledger) expiryKey() string            { return l.prefix + "expiry" }
-func (l *Ledger) channel() string              { return l.prefix + "jobs" }
 
 // identity names (owner, key) in keys and index members.
 func identity(owner, key []byte) string {

@@ -29,6 +29,14 @@ type replyDropper struct {
 }
 
 func newReplyDropper(t *testing.T, backend string) *replyDropper {
+	p := startReplyDropper(t, backend)
+	t.Cleanup(p.close)
+	return p
+}
+
+// startReplyDropper starts a proxy the caller must close, after the
+// clients of its connections are closed.
+func startReplyDropper(t *testing.T, backend string) *replyDropper {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -36,11 +44,13 @@ func newReplyDropper(t *testing.T, backend string) *replyDropper {
 	p := &replyDropper{ln: ln, backend: backend}
 	p.wg.Add(1)
 	go p.accept()
-	t.Cleanup(func() {
-		ln.Close()
-		p.wg.Wait()
-	})
 	return p
+}
+
+// close stops the proxy and waits for its connections to end.
+func (p *replyDropper) close() {
+	p.ln.Close()
+	p.wg.Wait()
 }
 
 func (p *replyDropper) addr() string { return p.ln.Addr().String() }

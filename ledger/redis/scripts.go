@@ -1,9 +1,7 @@
 package redis
 
 import (
-	"context"
 	"embed"
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -38,9 +36,22 @@ type scriptSet struct {
 	reserve, complete, saveBody, fail, unsent, markUnknown, start, resolve, sweepScan, sweep, find, purge script
 }
 
-var scripts = buildScripts()
+// The script sets of a single server (waiters woken by PUBLISH) and of a
+// cluster (SPUBLISH, on a shard channel in the slot of the keys).
+var (
+	plainScripts   = buildScripts("PUBLISH")
+	shardedScripts = buildScripts("SPUBLISH")
+)
 
-func buildScripts() scriptSet {
+// scriptsFor returns the script set that publishes with publish.
+func scriptsFor(publish string) *scriptSet {
+	if publish == "SPUBLISH" {
+		return &shardedScripts
+	}
+	return &plainScripts
+}
+
+func buildScripts(publish string) scriptSet {
 	var b strings.Builder
 	quote := func(fields []string) string {
 		q := make([]string, len(fields))
@@ -53,6 +64,7 @@ func buildScripts() scriptSet {
 	b.WriteString("local JOB_FIELDS_BODY = {" + quote(append(jobFields[:len(jobFields):len(jobFields)], "body")) + "}\n")
 	b.WriteString("local ATTEMPT_FIELDS = {" + quote(attemptFields) + "}\n")
 	b.WriteString("local LEASE_EXPIRED = " + strconv.Quote(ledger.ReasonLeaseExpired) + "\n")
+	b.WriteString("local PUBLISH = " + strconv.Quote(publish) + "\n")
 	b.WriteString(read("lib.lua"))
 	lib := b.String()
 	mk := func(name string) script {
@@ -85,29 +97,4 @@ func read(name string) string {
 
 func (s scriptSet) all() []script {
 	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.start, s.resolve, s.sweepScan, s.sweep, s.find, s.purge}
-}
-
-// preload loads every script into the server's script cache in one round
-// trip, so that each transition is then a single EVALSHA. (Script.Run still
-// falls back to EVAL if the cache was flushed since, e.g. by a restart.)
-// It sends SCRIPT LOAD itself: redis.Script.Load in a pipeline would record
-// the digest before the server answered, as empty.
-func preload(ctx context.Context, c *redis.Client) error {
-	all := scripts.all()
-	cmds := make([]*redis.StringCmd, len(all))
-	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, s := range all {
-			cmds[i] = p.ScriptLoad(ctx, s.src)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for i, s := range all {
-		if got := cmds[i].Val(); got != s.Hash() {
-			return fmt.Errorf("script digest %s, server says %s", s.Hash(), got)
-		}
-	}
-	return nil
 }

@@ -6,7 +6,7 @@
 -- that it won, with the job as it is now (fsm.Complete).
 --
 -- KEYS: job, attempts, leases, expiry
--- ARGV: prefix, attempt id, version, status, header, body, size, stored
+-- ARGV: bucket prefix, attempt id, version, status, header, body, size, stored
 CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)

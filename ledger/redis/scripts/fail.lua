@@ -6,7 +6,7 @@
 -- (fsm.Fail).
 --
 -- KEYS: job, attempts, leases, expiry
--- ARGV: prefix, attempt id, reason, next ('1' or '0'), next id, next
+-- ARGV: bucket prefix, attempt id, reason, next ('1' or '0'), next id, next
 --       provider, next lease us
 CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
 local now = now_us()

@@ -5,10 +5,10 @@
 -- judges expiry and applies leases by now, as the other reads do.
 --
 -- KEYS: identity
--- ARGV: prefix
+-- ARGV: bucket prefix
 --
--- The job's keys are named after the id stored under the identity key, as
--- in reserve (see doc.go).
+-- The job's keys are named after the id stored under the identity key, in
+-- the identity's bucket, as in reserve (see doc.go).
 local now = fmt(now_us())
 local id = redis.call('GET', KEYS[1])
 if not id then

@@ -1,6 +1,10 @@
 -- lib.lua: helpers shared by every transition script; scripts.go prepends
 -- it (after the generated constants: JOB_FIELDS, JOB_FIELDS_BODY,
--- ATTEMPT_FIELDS, LEASE_EXPIRED) to each script. The rules follow
+-- ATTEMPT_FIELDS, LEASE_EXPIRED, and PUBLISH: the command that wakes
+-- waiters, PUBLISH on a single server, SPUBLISH on a cluster) to each
+-- script. Every key a script touches is in one bucket (see doc.go), whose
+-- key prefix ("bucket prefix") is the first ARGV of the scripts that name
+-- keys or the channel themselves. The rules follow
 -- ledger/internal/fsm exactly, and live here once. Times are microseconds since the epoch by the
 -- server's clock (TIME); numbers are written back with fmt so that Lua never
 -- prints them in exponent notation.
@@ -215,7 +219,7 @@ local function reindex(J, A)
 		redis.call('ZREM', CTX.leases, J.id)
 	end
 	if J.state ~= J.state0 then
-		redis.call('PUBLISH', CTX.channel, J.id)
+		redis.call(PUBLISH, CTX.channel, J.id)
 		J.state0 = J.state
 	end
 end

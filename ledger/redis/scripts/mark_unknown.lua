@@ -2,7 +2,7 @@
 -- unless a result already won. The version is kept (fsm.MarkUnknown).
 --
 -- KEYS: job, attempts, leases
--- ARGV: prefix, attempt id, reason
+-- ARGV: bucket prefix, attempt id, reason
 CTX.leases, CTX.channel = KEYS[3], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)

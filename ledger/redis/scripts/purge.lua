@@ -5,7 +5,7 @@
 -- leaves the index. It returns the number of jobs removed and kept.
 --
 -- KEYS: idx, leases, expiry, then job, attempts and identity for each job
--- ARGV: prefix, owner hash, the job ids
+-- ARGV: bucket prefix, owner hash, the job ids
 CTX.leases, CTX.expiry, CTX.channel = KEYS[2], KEYS[3], ARGV[1] .. 'jobs'
 local now = now_us()
 local removed, kept = 0, 0

@@ -7,13 +7,14 @@
 -- (fsm.Reserve).
 --
 -- KEYS: identity, new job, new job's attempts, idx, leases, expiry
--- ARGV: prefix, job id, attempt id, owner hash, key hash, identity (hex),
+-- ARGV: bucket prefix, job id, attempt id, owner hash, key hash, identity (hex),
 --       fingerprint, fingerprint version, provider, lease us, retention us,
 --       fingerprint scheme
 --
 -- The existing job's keys are named after the id stored under the identity
--- key: the one place a script touches keys it was not given (see doc.go).
-local prefix = ARGV[1]
+-- key, in the identity's bucket: the one place a script touches keys it was
+-- not given, always in the slot of the keys it was given (see doc.go).
+local prefix = ARGV[1] -- the bucket's
 CTX.leases, CTX.expiry, CTX.channel = KEYS[5], KEYS[6], prefix .. 'jobs'
 local now = now_us()
 local lease = tonumber(ARGV[10])
@@ -67,7 +68,7 @@ if id then
 	redis.call('ZREM', KEYS[4], id)
 	redis.call('ZREM', CTX.leases, id)
 	redis.call('ZREM', CTX.expiry, id .. '|' .. ARGV[6])
-	redis.call('PUBLISH', CTX.channel, id)
+	redis.call(PUBLISH, CTX.channel, id)
 end
 
 if redis.call('EXISTS', KEYS[2]) == 1 then

@@ -5,7 +5,7 @@
 -- nothing starting or unknown (fsm.Resolve).
 --
 -- KEYS: job, attempts, leases, expiry
--- ARGV: prefix, cancel ('1' or '0'), admin attempt id, status, header, body
+-- ARGV: bucket prefix, cancel ('1' or '0'), admin attempt id, status, header, body
 CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)

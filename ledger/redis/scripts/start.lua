@@ -7,7 +7,7 @@
 -- as it is now.
 --
 -- KEYS: job, attempts, leases
--- ARGV: prefix, version, attempt id, provider, lease us, reconciled attempt id or ''
+-- ARGV: bucket prefix, version, attempt id, provider, lease us, reconciled attempt id or ''
 CTX.leases, CTX.channel = KEYS[3], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)

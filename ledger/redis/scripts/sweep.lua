@@ -6,7 +6,7 @@
 --
 -- KEYS: idx, leases, expiry, then job and attempts for each lease job, then
 --       job, attempts and identity for each expired job
--- ARGV: prefix, number of lease jobs, number of expired jobs, the lease job
+-- ARGV: bucket prefix, number of lease jobs, number of expired jobs, the lease job
 --       ids, the expiry members (job id '|' identity)
 CTX.leases, CTX.expiry, CTX.channel = KEYS[2], KEYS[3], ARGV[1] .. 'jobs'
 local now = now_us()

@@ -6,7 +6,7 @@
 -- (fsm.Unsent).
 --
 -- KEYS: job, attempts, leases, expiry
--- ARGV: prefix, attempt id, reason (ledger.ReasonUnsent)
+-- ARGV: bucket prefix, attempt id, reason (ledger.ReasonUnsent)
 CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)
