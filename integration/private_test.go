@@ -123,7 +123,10 @@ func operatorView(t *testing.T, g *gateway, b backend, id string) []byte {
 		}
 	case strings.HasPrefix(b.line, "ledger redis"):
 		fields := strings.Fields(b.line)
-		scanRedis(t, fields[len(fields)-1]+"j:"+id, add)
+		url, prefix := fields[2], fields[len(fields)-1]
+		// On a cluster the job's keys carry its bucket's hash tag after
+		// the prefix.
+		scanRedisAt(t, url, redisGlob(prefix)+"*j:"+id, add)
 	default:
 		var err error
 		if view, err = os.ReadFile(filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db")); err != nil {
