@@ -45,13 +45,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// postgresDSN is the test PostgreSQL server's DSN.
 func postgresDSN(t testing.TB) string {
-	t.Helper()
-	d := os.Getenv("ONEJOB_TEST_POSTGRES")
-	if d == "" {
-		t.Fatal("ONEJOB_TEST_POSTGRES is not set: run ./integration/test.sh, which starts PostgreSQL")
-	}
-	return d
+	return testEnv(t, "ONEJOB_TEST_POSTGRES", "PostgreSQL")
 }
 
 // freePort returns a loopback port the OS just handed out.
@@ -98,41 +94,44 @@ func backends(t *testing.T) []func(t *testing.T) backend {
 	}
 }
 
+// redisURL is the test Redis server's URL.
 func redisURL(t testing.TB) string {
+	return testEnv(t, "ONEJOB_TEST_REDIS", "Redis")
+}
+
+// redisClusterURL is the test Redis Cluster's URL.
+func redisClusterURL(t testing.TB) string {
+	return testEnv(t, "ONEJOB_TEST_REDIS_CLUSTER", "a Redis Cluster")
+}
+
+// testEnv returns the address services.sh exported in name.
+func testEnv(t testing.TB, name, what string) string {
 	t.Helper()
-	u := os.Getenv("ONEJOB_TEST_REDIS")
+	u := os.Getenv(name)
 	if u == "" {
-		t.Fatal("ONEJOB_TEST_REDIS is not set: run ./integration/test.sh, which starts Redis")
+		t.Fatalf("%s is not set: run ./integration/test.sh, which starts %s", name, what)
 	}
 	return u
 }
 
 // redisBackend is a Redis ledger under a key prefix no other test uses.
 func redisBackend(t testing.TB) backend {
-	schemaSeq.Lock()
-	schemaSeq.n++
-	prefix := fmt.Sprintf("it%d_%d:", os.Getpid(), schemaSeq.n)
-	schemaSeq.Unlock()
-	return backend{name: "redis", line: "ledger redis " + redisURL(t) + " " + prefix}
-}
-
-func redisClusterURL(t testing.TB) string {
-	t.Helper()
-	u := os.Getenv("ONEJOB_TEST_REDIS_CLUSTER")
-	if u == "" {
-		t.Fatal("ONEJOB_TEST_REDIS_CLUSTER is not set: run ./integration/test.sh, which starts a Redis Cluster")
-	}
-	return u
+	return redisBackendAt("redis", redisURL(t))
 }
 
 // redisClusterBackend is a Redis ledger on the test cluster, under a key
 // prefix no other test uses.
 func redisClusterBackend(t testing.TB) backend {
+	return redisBackendAt("redis-cluster", redisClusterURL(t))
+}
+
+// redisBackendAt is a Redis ledger at url under a fresh key prefix.
+func redisBackendAt(name, url string) backend {
 	schemaSeq.Lock()
 	schemaSeq.n++
 	prefix := fmt.Sprintf("it%d_%d:", os.Getpid(), schemaSeq.n)
 	schemaSeq.Unlock()
-	return backend{name: "redis-cluster", line: "ledger redis " + redisClusterURL(t) + " " + prefix}
+	return backend{name: name, line: "ledger redis " + url + " " + prefix}
 }
 
 func pgBackend(t testing.TB) backend {

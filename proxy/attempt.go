@@ -117,6 +117,15 @@ func (rn *runner) watched() (ledger.Attempt, bool) {
 	return rn.current, rn.answering()
 }
 
+// watch makes a the attempt attempt_timeout watches: the one a failover
+// or a re-send started.
+func (rn *runner) watch(a ledger.Attempt) {
+	rn.mu.Lock()
+	rn.current = a
+	rn.mu.Unlock()
+	rn.notify()
+}
+
 // open reports whether nothing went to the client yet: the one condition
 // of every move that concerns the client. rn.mu must be held.
 func (rn *runner) open() bool { return rn.state == clientOpen }
@@ -313,10 +322,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 				if na, _ := m.fail(res.att, res.reason, next); na != nil {
 					m.cfg.Logger.Info("failover", zap.String("job_id", na.JobID), zap.String("from_attempt_id", res.att.ID),
 						zap.String("attempt_id", na.ID), zap.String("provider", na.Provider), zap.String("after", res.reason))
-					rn.mu.Lock()
-					rn.current = *na
-					rn.mu.Unlock()
-					rn.notify()
+					rn.watch(*na)
 					latest = nextIdx
 					pending++
 					launch(*na, nextIdx, time.Time{})
@@ -333,10 +339,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 				if res.broken && open && pending == 0 && m.cfg.Providers[res.provider].Deduplicates != "" &&
 					time.Now().Before(res.until) {
 					if na, err := m.resend(res.att.Ref(), res.provider); err == nil {
-						rn.mu.Lock()
-						rn.current = *na
-						rn.mu.Unlock()
-						rn.notify()
+						rn.watch(*na)
 						pending++
 						launch(*na, res.provider, res.until)
 					}
@@ -599,8 +602,9 @@ func (t *try) run() result {
 	if att.Resend && c.wrote && resendPending(c.status) {
 		v, reason = fallback.Failed, "re-send answered "+strconv.Itoa(c.status)+": the original is in progress or was not taken"
 	}
+	timedOut := errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
 	res := result{att: att, provider: provider, verdict: v, reason: reason, until: t.until,
-		broken: v == fallback.Unknown && (cut || (err != nil && !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err)))}
+		broken: v == fallback.Unknown && (cut || (err != nil && !timedOut))}
 	if v == fallback.Result && m.cfg.Contract != nil && m.cfg.Contract.Applies(c.status) {
 		breach := t.breach
 		if breach == nil && t.committed == nil {
@@ -656,7 +660,7 @@ func (t *try) run() result {
 	res.answer = &ledger.Response{Status: c.status, Header: storedHeader(c.header), Body: c.buf.Bytes(), Size: c.size, Stored: true}
 	if v == fallback.Unknown {
 		res.status = http.StatusBadGateway
-		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		if timedOut {
 			res.status = http.StatusGatewayTimeout
 		}
 	}

@@ -137,10 +137,11 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 			gq = &g
 		}
 	}
+	uri := m.cfg.OriginalURI(r)
 	params := ledger.ReserveParams{
 		JobID:              ledger.NewID(),
 		OwnerHash:          m.hasher.Owner(owner),
-		Fingerprint:        m.fp.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body),
+		Fingerprint:        m.fp.SumGraphQL(r.Method, uri, r.Header, gq, body),
 		FingerprintVersion: m.fp.version(),
 		FingerprintScheme:  m.fp.scheme,
 		Retention:          m.cfg.Retention,
@@ -164,9 +165,9 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		if g, ok := m.fp.forJob(res.Job.FingerprintVersion, res.Job.FingerprintScheme); ok &&
 			(g.version() != params.FingerprintVersion || g.scheme != params.FingerprintScheme) {
 			if g.mode == m.fp.mode {
-				params.Fingerprint = g.SumGraphQL(r.Method, m.cfg.OriginalURI(r), r.Header, gq, body)
+				params.Fingerprint = g.SumGraphQL(r.Method, uri, r.Header, gq, body)
 			} else {
-				params.Fingerprint = g.Sum(r.Method, m.cfg.OriginalURI(r), r.Header, body)
+				params.Fingerprint = g.Sum(r.Method, uri, r.Header, body)
 			}
 			params.FingerprintVersion, params.FingerprintScheme = g.version(), g.scheme
 			res, err = ledgerCall(m, r.Context(), "reserve", reserve)
