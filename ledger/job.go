@@ -116,6 +116,33 @@ type Attempt struct {
 	// deduplicates, reconciling an attempt whose outcome was unknown
 	// (Ledger.Resend).
 	Resend bool
+	// Lookup is what the reconciler's lookups did on the attempt; zero
+	// while none ran.
+	Lookup Lookup
+}
+
+// Lookup is the record of the reconciler's lookups on one unknown attempt
+// (Ledger.ClaimLookup, Ledger.SettleLookup).
+type Lookup struct {
+	Tries      int       // lookups that got an answer or an error
+	LastStatus int       // the last lookup's status; 0 when it got none
+	LastAt     time.Time // when the last lookup ended
+	NextAt     time.Time // when the next may start; zero: at once
+	Settled    bool      // a lookup settled the attempt
+	Holder     string    // the reconciler that holds (or last held) the lease
+	Until      time.Time // the end of Holder's lease; zero once released
+}
+
+// Reconciled names how reconciliation settled the attempt: "lookup",
+// "resend" (a re-send that won the job), or "" when neither did.
+func (a *Attempt) Reconciled(j *Job) string {
+	switch {
+	case a.Lookup.Settled:
+		return "lookup"
+	case a.Resend && j.CompletedBy == a.ID:
+		return "resend"
+	}
+	return ""
 }
 
 // Ref returns the reference the attempt's later calls use.

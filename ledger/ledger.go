@@ -81,6 +81,24 @@ type Ledger interface {
 	// late result can still complete it.
 	MarkUnknown(ctx context.Context, ref AttemptRef, reason string) error
 
+	// ClaimLookup leases attempt ref to the reconciler holder (an id the
+	// reconciler chose for this claim) until the ledger's clock plus lease,
+	// so that one reconciler at a time asks the provider whether the
+	// attempt acted. The attempt must be unknown, its deadline passed, its
+	// next lookup due and no other holder's lease running; otherwise
+	// ErrStale. A repeat by the holder while its lease runs succeeds again.
+	ClaimLookup(ctx context.Context, ref AttemptRef, holder string, lease time.Duration) (*Job, error)
+
+	// SettleLookup records what holder's lookup of attempt ref found and
+	// releases the lease; the attempt must still be unknown and leased to
+	// holder (otherwise ErrStale). A found answer completes the job with
+	// it (the attempt succeeded, the version incremented; if a result won
+	// meanwhile, the attempt is lost instead); an absent one fails the
+	// attempt (the job fails when nothing else blocks it); anything else
+	// leaves it unknown, its next lookup due after r.Retry. A repeat
+	// returns the job as the first call left it.
+	SettleLookup(ctx context.Context, ref AttemptRef, holder string, r LookupResult) (*Job, error)
+
 	// Resolve settles a job out of band: cancel (the job becomes failed, its
 	// starting and unknown attempts cancelled) or complete (by CAS, with an
 	// attempt whose provider is "admin"). ErrCompleted if it already completed.
@@ -261,6 +279,18 @@ type Completion struct {
 	Job *Job
 }
 
+// LookupResult is what a reconciler's lookup found (Ledger.SettleLookup).
+type LookupResult struct {
+	// Status is the lookup's answer's status; 0 when it got none.
+	Status int
+	// Found, when set, is the provider's answer for the attempt: it acted.
+	Found *Response
+	// Absent: the provider says the attempt never acted.
+	Absent bool
+	// Retry is when to look again, when neither Found nor Absent.
+	Retry time.Duration
+}
+
 // Resolution is an operator's decision on a job.
 type Resolution struct {
 	// Cancel makes the job failed and its running attempts cancelled.
@@ -307,6 +337,9 @@ const (
 	ReasonLeaseExpired = "lease expired"
 	// ReasonUnsent: the gateway never sent the attempt (Unsent).
 	ReasonUnsent = "never sent: the ledger did not answer before the request was forwarded"
+	// ReasonAbsent: a lookup found that the provider never acted on the
+	// attempt (SettleLookup).
+	ReasonAbsent = "the provider's lookup found no trace of the attempt"
 )
 
 // Errors returned by ledgers. Any other error means the ledger could not

@@ -439,6 +439,13 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 	if err != nil {
 		return j, err
 	}
+	l.settled(ctx, jobID, j)
+	return j, nil
+}
+
+// settled publishes the id of job j, settled out of the request path (by
+// an operator or a lookup), and caches its answer when it completed.
+func (l *Ledger) settled(ctx context.Context, jobID string, j *ledger.Job) {
 	u := update{publish: jobID}
 	if near.Replayable(j) {
 		if full, ok := l.identified(ctx, jobID, j); ok {
@@ -446,6 +453,21 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 		}
 	}
 	l.write(ctx, u)
+}
+
+// ClaimLookup implements ledger.Ledger: a lease changes no answer.
+func (l *Ledger) ClaimLookup(ctx context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
+	return l.truth.ClaimLookup(ctx, ref, holder, lease)
+}
+
+// SettleLookup implements ledger.Ledger: it publishes the job's id, and
+// caches the answer the lookup found when it completed the job.
+func (l *Ledger) SettleLookup(ctx context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
+	j, err := l.truth.SettleLookup(ctx, ref, holder, r)
+	if err != nil {
+		return j, err
+	}
+	l.settled(ctx, ref.JobID, j)
 	return j, nil
 }
 

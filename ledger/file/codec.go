@@ -18,13 +18,26 @@ import (
 const (
 	recordV1 = 0x01
 	recordV2 = 0x02 // the fingerprint's scheme after its version; each attempt's resend flag
+	recordV3 = 0x03 // each attempt's lookups after its resend flag
 )
+
+// recordFormat is the oldest format that holds j: a job no lookup touched
+// is written as format 2, which gateways without lookups read too.
+func recordFormat(j *ledger.Job) byte {
+	for i := range j.Attempts {
+		if j.Attempts[i].Lookup != (ledger.Lookup{}) {
+			return recordV3
+		}
+	}
+	return recordV2
+}
 
 var errCorrupt = errors.New("corrupt job record")
 
 func encodeJob(j *ledger.Job) []byte {
 	b := make([]byte, 0, 256+len(j.Attempts)*96+responseSize(j.Response))
-	b = append(b, recordV2)
+	format := recordFormat(j)
+	b = append(b, format)
 	b = appendString(b, j.ID)
 	b = appendBytes(b, j.OwnerHash)
 	b = appendBytes(b, j.KeyHash)
@@ -74,8 +87,21 @@ func encodeJob(j *ledger.Job) []byte {
 		b = appendTime(b, a.FinishedAt)
 		b = appendString(b, a.Error)
 		b = appendBool(b, a.Resend)
+		if format >= recordV3 {
+			b = appendLookup(b, &a.Lookup)
+		}
 	}
 	return b
+}
+
+func appendLookup(b []byte, l *ledger.Lookup) []byte {
+	b = binary.AppendVarint(b, int64(l.Tries))
+	b = binary.AppendVarint(b, int64(l.LastStatus))
+	b = appendTime(b, l.LastAt)
+	b = appendTime(b, l.NextAt)
+	b = appendBool(b, l.Settled)
+	b = appendString(b, l.Holder)
+	return appendTime(b, l.Until)
 }
 
 func responseSize(r *ledger.Response) int {
@@ -118,7 +144,7 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 		}
 		return &j, nil
 	}
-	if len(v) == 0 || (v[0] != recordV1 && v[0] != recordV2) {
+	if len(v) == 0 || v[0] < recordV1 || v[0] > recordV3 {
 		return nil, errCorrupt
 	}
 	d := decoder{b: v[1:]}
@@ -129,7 +155,7 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 		Fingerprint:        d.bytes(),
 		FingerprintVersion: d.int(),
 	}
-	if v[0] == recordV2 {
+	if v[0] >= recordV2 {
 		j.FingerprintScheme = d.string()
 	}
 	j.State = ledger.JobState(d.string())
@@ -175,8 +201,14 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 				FinishedAt: d.time(),
 				Error:      d.string(),
 			}
-			if v[0] == recordV2 {
+			if v[0] >= recordV2 {
 				j.Attempts[i].Resend = d.flag()
+			}
+			if v[0] >= recordV3 {
+				j.Attempts[i].Lookup = ledger.Lookup{
+					Tries: d.int(), LastStatus: d.int(), LastAt: d.time(), NextAt: d.time(),
+					Settled: d.flag(), Holder: d.string(), Until: d.time(),
+				}
 			}
 		}
 	}

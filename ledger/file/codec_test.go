@@ -42,7 +42,7 @@ func equalJobs(t *testing.T, got, want *ledger.Job) {
 		c.Attempts = append([]ledger.Attempt(nil), j.Attempts...)
 		for i := range c.Attempts {
 			a := &c.Attempts[i]
-			for _, p := range []*time.Time{&a.StartedAt, &a.Deadline, &a.FinishedAt} {
+			for _, p := range []*time.Time{&a.StartedAt, &a.Deadline, &a.FinishedAt, &a.Lookup.LastAt, &a.Lookup.NextAt, &a.Lookup.Until} {
 				if !p.IsZero() {
 					*p = p.UTC()
 				}
@@ -86,6 +86,14 @@ func TestCodecRoundTrip(t *testing.T) {
 			j.Response = &ledger.Response{Status: 200, Size: -1}
 			return j
 		}(),
+		"looked up": func() *ledger.Job {
+			j := codecJob()
+			at := j.CreatedAt.Add(time.Hour)
+			j.Attempts[0].Lookup = ledger.Lookup{Tries: 2, LastStatus: 503, LastAt: at, NextAt: at.Add(time.Minute),
+				Holder: "r1", Until: at.Add(time.Second)}
+			j.Attempts[1].Lookup = ledger.Lookup{Tries: 1, LastStatus: 200, LastAt: at, Settled: true, Holder: "r2"}
+			return j
+		}(),
 		"empty body": func() *ledger.Job {
 			j := codecJob()
 			j.Response = &ledger.Response{Status: 204, Body: []byte{}, Stored: true}
@@ -99,6 +107,19 @@ func TestCodecRoundTrip(t *testing.T) {
 			}
 			equalJobs(t, got, j)
 		})
+	}
+}
+
+// A job no lookup touched is written in format 2, which gateways from
+// before lookups read; one with a lookup in format 3.
+func TestCodecOldestFormat(t *testing.T) {
+	j := codecJob()
+	if f := encodeJob(j)[0]; f != recordV2 {
+		t.Errorf("format %d without lookups, want %d", f, recordV2)
+	}
+	j.Attempts[1].Lookup.Tries = 1
+	if f := encodeJob(j)[0]; f != recordV3 {
+		t.Errorf("format %d with a lookup, want %d", f, recordV3)
 	}
 }
 

@@ -78,6 +78,9 @@ func run(t *testing.T, h Harness) {
 		{"FindExpiredLeaseReadsUnknown", testFindLease},
 		{"ResendReconcilesUnknown", testResend},
 		{"ResendAfterOperator", testResendAfterOperator},
+		{"LookupCompletes", testLookupCompletes},
+		{"LookupAbsent", testLookupAbsent},
+		{"LookupOneHolder", testLookupOneHolder},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })

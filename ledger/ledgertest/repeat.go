@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/onejob/onejob/ledger"
 )
@@ -108,6 +109,16 @@ func (r *repeated) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger
 func (r *repeated) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
 	return twice(r, "Resend", func() (ledger.Attempt, error) { return r.Ledger.Resend(ctx, ref, next) },
 		func(a, b ledger.Attempt) string { return diff("attempt", attemptSummary(&a), attemptSummary(&b)) })
+}
+
+func (r *repeated) ClaimLookup(ctx context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
+	return twice(r, "ClaimLookup", func() (*ledger.Job, error) { return r.Ledger.ClaimLookup(ctx, ref, holder, lease) },
+		func(a, b *ledger.Job) string { return diff("job", jobSummary(a), jobSummary(b)) })
+}
+
+func (r *repeated) SettleLookup(ctx context.Context, ref ledger.AttemptRef, holder string, res ledger.LookupResult) (*ledger.Job, error) {
+	return twice(r, "SettleLookup", func() (*ledger.Job, error) { return r.Ledger.SettleLookup(ctx, ref, holder, res) },
+		func(a, b *ledger.Job) string { return diff("job", jobSummary(a), jobSummary(b)) })
 }
 
 func (r *repeated) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {

@@ -168,6 +168,32 @@ func (l *Ledger) MarkUnknown(_ context.Context, ref ledger.AttemptRef, reason st
 	})
 }
 
+// ClaimLookup implements ledger.Ledger.
+func (l *Ledger) ClaimLookup(_ context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (j *ledger.Job, err error) {
+	err = l.update(ref.JobID, func(job *ledger.Job, now time.Time) error {
+		j = nil
+		if e := fsm.ClaimLookup(job, ref, holder, lease, now); e != nil {
+			return e
+		}
+		j = job.Clone()
+		return nil
+	})
+	return j, err
+}
+
+// SettleLookup implements ledger.Ledger.
+func (l *Ledger) SettleLookup(_ context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (j *ledger.Job, err error) {
+	err = l.update(ref.JobID, func(job *ledger.Job, now time.Time) error {
+		j = nil
+		if e := fsm.SettleLookup(job, ref, holder, r, now); e != nil {
+			return e
+		}
+		j = job.Clone()
+		return nil
+	})
+	return j, err
+}
+
 // Resolve implements ledger.Ledger.
 func (l *Ledger) Resolve(_ context.Context, jobID string, r ledger.Resolution) (j *ledger.Job, err error) {
 	err = l.update(jobID, func(job *ledger.Job, now time.Time) error {

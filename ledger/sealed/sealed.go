@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/onejob/onejob/ledger"
 )
@@ -144,6 +145,31 @@ func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution)
 		return nil, oerr
 	}
 	return o, err
+}
+
+// ClaimLookup leases an unknown attempt and opens the job's answer.
+func (l *Ledger) ClaimLookup(ctx context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
+	j, err := l.inner.ClaimLookup(ctx, ref, holder, lease)
+	if err != nil {
+		return j, err
+	}
+	return l.open(j)
+}
+
+// SettleLookup seals the answer a lookup found and opens the job's.
+func (l *Ledger) SettleLookup(ctx context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
+	if r.Found != nil {
+		s, err := l.keys.SealResponse(ref.JobID, r.Found)
+		if err != nil {
+			return nil, err
+		}
+		r.Found = s
+	}
+	j, err := l.inner.SettleLookup(ctx, ref, holder, r)
+	if err != nil {
+		return j, err
+	}
+	return l.open(j)
 }
 
 // Job reads a job and opens its answer.

@@ -420,3 +420,65 @@ func Matches(j *ledger.Job, q ledger.JobQuery) bool {
 	}
 	return false
 }
+
+// ClaimLookup leases the unknown attempt ref to holder until now+lease
+// (ledger.Ledger.ClaimLookup).
+func ClaimLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, lease time.Duration, now time.Time) error {
+	ApplyLeases(j, now)
+	a := find(j, ref.AttemptID)
+	if a == nil {
+		return ledger.ErrNotFound
+	}
+	l := &a.Lookup
+	if l.Holder == holder && now.Before(l.Until) && a.State == ledger.AttemptUnknown {
+		return nil // a repeat
+	}
+	if a.State != ledger.AttemptUnknown || now.Before(a.Deadline) || now.Before(l.NextAt) || now.Before(l.Until) {
+		return ledger.ErrStale
+	}
+	l.Holder, l.Until = holder, now.Add(lease)
+	return nil
+}
+
+// SettleLookup records what holder's lookup of attempt ref found
+// (ledger.Ledger.SettleLookup).
+func SettleLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, r ledger.LookupResult, now time.Time) error {
+	ApplyLeases(j, now)
+	a := find(j, ref.AttemptID)
+	if a == nil {
+		return ledger.ErrNotFound
+	}
+	l := &a.Lookup
+	if l.Holder != holder {
+		return ledger.ErrStale
+	}
+	if l.Until.IsZero() {
+		return nil // a repeat: this holder's lookup was recorded
+	}
+	if a.State != ledger.AttemptUnknown || !now.Before(l.Until) {
+		return ledger.ErrStale
+	}
+	l.Tries++
+	l.LastStatus, l.LastAt, l.Until = r.Status, now, time.Time{}
+	switch {
+	case r.Found != nil && j.CompletedBy == "":
+		l.Settled = true
+		j.Version++
+		j.CompletedBy = a.ID
+		j.Response = r.Found.Clone()
+		j.Response.Stored, j.Response.Size = true, int64(len(r.Found.Body))
+		settle(j, ledger.JobCompleted, now)
+		finish(a, ledger.AttemptSucceeded, "", now)
+	case r.Found != nil:
+		l.Settled = true
+		finish(a, ledger.AttemptLost, "the provider's lookup found it acted after another result had won", now)
+	case r.Absent:
+		l.Settled = true
+		finish(a, ledger.AttemptFailed, ledger.ReasonAbsent, now)
+		_, err := afterFailure(j, a, nil, now)
+		return err
+	default:
+		l.NextAt = now.Add(r.Retry)
+	}
+	return nil
+}
