@@ -418,9 +418,19 @@ type attemptJSON struct {
 	FinishedAt *string             `json:"finished_at"`
 	Error      *string             `json:"error"`
 	// Resend marks a re-send to a provider that deduplicates;
-	// Reconciled is "resend" on the re-send that settled the job.
-	Resend     bool    `json:"resend"`
-	Reconciled *string `json:"reconciled"`
+	// Reconciled is "resend" on the re-send that settled the job, "lookup"
+	// on an attempt a lookup settled; Reconcile is the record of its
+	// lookups, null while none ran.
+	Resend     bool           `json:"resend"`
+	Reconciled *string        `json:"reconciled"`
+	Reconcile  *reconcileJSON `json:"reconcile"`
+}
+
+type reconcileJSON struct {
+	Tries      int     `json:"tries"`
+	LastStatus *int    `json:"last_status"`
+	LastAt     *string `json:"last_at"`
+	NextAt     *string `json:"next_at"`
 }
 
 func newJobJSON(j *ledger.Job) jobJSON {
@@ -450,8 +460,16 @@ func newJobJSON(j *ledger.Job) jobJSON {
 			Error:      stringJSON(at.Error),
 			Resend:     at.Resend,
 		}
-		if at.Resend && at.State == ledger.AttemptSucceeded {
-			out.Attempts[i].Reconciled = stringJSON("resend")
+		out.Attempts[i].Reconciled = stringJSON(at.Reconciled(j))
+		if l := at.Lookup; l.Tries > 0 {
+			r := &reconcileJSON{Tries: l.Tries, LastAt: timeJSON(l.LastAt)}
+			if l.LastStatus != 0 {
+				r.LastStatus = &l.LastStatus
+			}
+			if !l.Settled {
+				r.NextAt = timeJSON(l.NextAt)
+			}
+			out.Attempts[i].Reconcile = r
 		}
 	}
 	return out

@@ -793,11 +793,14 @@ func TestAdminProviders(t *testing.T) {
 	}
 }
 
-// TestJobJSONReconciled: the admin API marks re-sends, and says
-// "reconciled": "resend" on the one that settled its job.
+// TestJobJSONReconciled: the admin API marks re-sends, says "reconciled":
+// "resend" on the one that settled its job, and shows an attempt's lookups
+// and "reconciled": "lookup" on the one a lookup settled.
 func TestJobJSONReconciled(t *testing.T) {
-	j := &ledger.Job{ID: "j", State: ledger.JobCompleted, Attempts: []ledger.Attempt{
-		{Number: 1, ID: "a1", Provider: "pay", State: ledger.AttemptUnknown},
+	at := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	j := &ledger.Job{ID: "j", State: ledger.JobCompleted, CompletedBy: "a3", Attempts: []ledger.Attempt{
+		{Number: 1, ID: "a1", Provider: "pay", State: ledger.AttemptUnknown,
+			Lookup: ledger.Lookup{Tries: 2, LastStatus: 503, LastAt: at, NextAt: at.Add(time.Minute), Holder: "h"}},
 		{Number: 2, ID: "a2", Provider: "pay", State: ledger.AttemptFailed, Resend: true},
 		{Number: 3, ID: "a3", Provider: "pay", State: ledger.AttemptSucceeded, Resend: true},
 	}}
@@ -807,8 +810,9 @@ func TestJobJSONReconciled(t *testing.T) {
 	}
 	var doc struct {
 		Attempts []struct {
-			Resend     bool    `json:"resend"`
-			Reconciled *string `json:"reconciled"`
+			Resend     bool            `json:"resend"`
+			Reconciled *string         `json:"reconciled"`
+			Reconcile  *map[string]any `json:"reconcile"`
 		} `json:"attempts"`
 	}
 	if err := json.Unmarshal(b, &doc); err != nil {
@@ -816,7 +820,21 @@ func TestJobJSONReconciled(t *testing.T) {
 	}
 	a := doc.Attempts
 	if len(a) != 3 || a[0].Resend || a[0].Reconciled != nil || !a[1].Resend || a[1].Reconciled != nil ||
-		!a[2].Resend || a[2].Reconciled == nil || *a[2].Reconciled != "resend" {
+		!a[2].Resend || a[2].Reconciled == nil || *a[2].Reconciled != "resend" || a[1].Reconcile != nil {
 		t.Errorf("attempts: %s", b)
+	}
+	if r := a[0].Reconcile; r == nil || (*r)["tries"] != float64(2) || (*r)["last_status"] != float64(503) ||
+		(*r)["last_at"] != "2026-12-03T12:00:00Z" || (*r)["next_at"] != "2026-12-03T12:01:00Z" {
+		t.Errorf("the looked-up attempt's reconcile: %s", b)
+	}
+
+	j.Attempts[0].State, j.Attempts[0].Lookup.Settled, j.Attempts[0].Lookup.LastStatus = ledger.AttemptFailed, true, 404
+	b, _ = json.Marshal(newJobJSON(j))
+	doc.Attempts = nil
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if a := doc.Attempts[0]; a.Reconciled == nil || *a.Reconciled != "lookup" || (*a.Reconcile)["next_at"] != nil {
+		t.Errorf("an attempt a lookup settled: %s", b)
 	}
 }

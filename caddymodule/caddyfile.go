@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,6 +63,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_wait <duration>
 //		failover_on <status|connect_error|contract...>
 //		hedge_after <duration>
+//		reconcile_every <duration>
 //		contract {
 //			status <code|2xx...>
 //			content_type <media-type>
@@ -73,6 +75,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		provider <name> {
 //			<handler directives, e.g. reverse_proxy ...>
+//			deduplicates [<header>]
+//			lookup <method> <uri> {
+//				absent <status...>
+//			}
 //		}
 //	}
 //
@@ -224,9 +230,10 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 	case "max_request_body", "max_response_body":
 		dst := map[string]*int64{"max_request_body": &h.MaxRequestBody, "max_response_body": &h.MaxResponseBody}[name]
 		*dst, err = size(d, name, args)
-	case "retention", "attempt_timeout", "attempt_deadline", "max_wait", "hedge_after":
+	case "retention", "attempt_timeout", "attempt_deadline", "max_wait", "hedge_after", "reconcile_every":
 		dst := map[string]*caddy.Duration{"retention": &h.Retention, "attempt_timeout": &h.AttemptTimeout,
-			"attempt_deadline": &h.AttemptDeadline, "max_wait": &h.MaxWait, "hedge_after": &h.HedgeAfter}[name]
+			"attempt_deadline": &h.AttemptDeadline, "max_wait": &h.MaxWait, "hedge_after": &h.HedgeAfter,
+			"reconcile_every": &h.ReconcileEvery}[name]
 		*dst, err = duration(d, name, args)
 	case "never_store":
 		if len(args) == 0 {
@@ -458,8 +465,19 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 		return wrapAt(seg[0], err)
 	}
 	p := &Provider{Name: name}
-	rest, own := providerLines(seg[2:], "deduplicates")
+	rest, own := providerLines(seg[2:], "deduplicates", "lookup")
 	for _, l := range own {
+		if l[0].Text == "lookup" {
+			if p.Lookup != nil {
+				return wrapAt(l[0], fmt.Errorf("provider %s: lookup is given twice", name))
+			}
+			lookup, err := parseLookup(l, name)
+			if err != nil {
+				return err
+			}
+			p.Lookup = lookup
+			continue
+		}
 		switch args := l[1:]; {
 		case len(args) > 1:
 			return wrapAt(l[0], fmt.Errorf("provider %s: usage: deduplicates [<header>]", name))
@@ -494,8 +512,43 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 	return nil
 }
 
+// parseLookup reads a provider's lookup line and its block:
+//
+//	lookup <method> <uri> {
+//		absent <status...>
+//	}
+func parseLookup(line caddyfile.Segment, provider string) (*LookupConfig, error) {
+	d := caddyfile.NewDispenser(line)
+	d.Next()
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return nil, d.Errf("provider %s: usage: lookup <method> <uri> { absent <status...> }", provider)
+	}
+	c := &LookupConfig{Method: args[0], URI: args[1]}
+	for d.NextBlock(0) {
+		if d.Val() != "absent" {
+			return nil, d.Errf("provider %s: lookup: unknown option %q (want absent)", provider, d.Val())
+		}
+		codes := d.RemainingArgs()
+		if len(codes) == 0 {
+			return nil, d.Errf("provider %s: lookup: absent needs one status or more", provider)
+		}
+		for _, code := range codes {
+			n, err := strconv.Atoi(code)
+			if err != nil {
+				return nil, d.Errf("provider %s: lookup: absent %q is not a status", provider, code)
+			}
+			c.Absent = append(c.Absent, n)
+		}
+	}
+	if err := c.check(); err != nil {
+		return nil, wrapAt(line[0], fmt.Errorf("provider %s: %w", provider, err))
+	}
+	return c, nil
+}
+
 // providerLines takes a provider's own lines (those starting with one of
-// names, directly inside its block) out of block, the tokens from its
+// names, directly inside its block, each with the block it opens) out of block, the tokens from its
 // opening brace to its closing one, before the rest is parsed as handler
 // directives. It returns the rest and each line's tokens, in order.
 func providerLines(block caddyfile.Segment, names ...string) (rest caddyfile.Segment, own []caddyfile.Segment) {
@@ -504,9 +557,20 @@ func providerLines(block caddyfile.Segment, names ...string) (rest caddyfile.Seg
 		tok := block[i]
 		startsLine := i > 0 && (block[i-1].Line != tok.Line || block[i-1].File != tok.File)
 		if depth == 1 && startsLine && slices.Contains(names, tok.Text) {
-			j := i + 1
-			for j < len(block) && block[j].Line == tok.Line && block[j].File == tok.File && block[j].Text != "}" {
-				j++
+			// The line's tokens up to the provider's closing brace, with
+			// the block the line opens, if it opens one.
+			j, nest := i+1, 0
+			for ; j < len(block); j++ {
+				t := block[j]
+				if nest == 0 && (t.Line != tok.Line || t.File != tok.File || t.Text == "}") {
+					break
+				}
+				switch t.Text {
+				case "{":
+					nest++
+				case "}":
+					nest--
+				}
 			}
 			own = append(own, block[i:j])
 			i = j - 1

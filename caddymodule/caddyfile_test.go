@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -292,7 +293,7 @@ func TestAdaptProviders(t *testing.T) {
 	}
 }
 
-// TestAdaptDeduplicates: deduplicates is the provider block's own line,
+// TestAdaptDeduplicates: deduplicates and lookup (with its block) are the provider block's own lines,
 // taken out before the rest is parsed as handler directives; a nested
 // block's line of that name is left to its directive.
 func TestAdaptDeduplicates(t *testing.T) {
@@ -305,6 +306,9 @@ func TestAdaptDeduplicates(t *testing.T) {
 			}
 		}
 		provider other {
+			lookup GET /charges/{idempotency.job_id}?n={idempotency.attempt} {
+				absent 404 410
+			}
 			reverse_proxy 127.0.0.1:9002
 			deduplicates X-Request-Key
 		}
@@ -320,6 +324,7 @@ func TestAdaptDeduplicates(t *testing.T) {
 		Providers []struct {
 			Name         string            `json:"name"`
 			Deduplicates string            `json:"deduplicates"`
+			Lookup       *LookupConfig     `json:"lookup"`
 			Routes       []json.RawMessage `json:"routes"`
 		} `json:"providers"`
 	}
@@ -334,6 +339,10 @@ func TestAdaptDeduplicates(t *testing.T) {
 	}
 	if len(h.Providers) != 3 || !strings.Contains(string(h.Providers[0].Routes[0]), `"X-From"`) {
 		t.Errorf("adapted: %s", out)
+	}
+	if l := h.Providers[1].Lookup; l == nil || l.Method != "GET" || l.URI != "/charges/{idempotency.job_id}?n={idempotency.attempt}" ||
+		!slices.Equal(l.Absent, []int{404, 410}) || h.Providers[0].Lookup != nil {
+		t.Errorf("lookups: %+v, %+v", h.Providers[0].Lookup, l)
 	}
 }
 

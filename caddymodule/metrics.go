@@ -21,13 +21,14 @@ type metrics struct {
 	// providers of the same name in two handlers are two series.
 	scope string
 
-	requests  *prometheus.CounterVec
-	attempts  *prometheus.CounterVec
-	racesLost prometheus.Counter
-	inFlight  prometheus.Gauge
-	ledgerOps *prometheus.HistogramVec
-	repeats   *prometheus.CounterVec
-	probeOK   *prometheus.GaugeVec
+	requests   *prometheus.CounterVec
+	attempts   *prometheus.CounterVec
+	racesLost  prometheus.Counter
+	inFlight   prometheus.Gauge
+	ledgerOps  *prometheus.HistogramVec
+	repeats    *prometheus.CounterVec
+	probeOK    *prometheus.GaugeVec
+	reconciled *prometheus.CounterVec
 
 	// The children of the labels known in advance, looked up once: a
 	// lookup by label values hashes them on every request.
@@ -76,6 +77,9 @@ func newMetrics(reg prometheus.Registerer, scope string) (*metrics, error) {
 	m.probeOK = register(&r, prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("probe_ok",
 		"1 when the provider's latest probe passed the contract, 0 when it failed, by handler scope and provider.")),
 		[]string{"scope", "provider"}))
+	m.reconciled = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts(opts("reconciled_total",
+		"Lookups of unknown attempts by handler scope, provider and result: completed, failed, pending, error.")),
+		[]string{"scope", "provider", "result"}))
 	// The open ledgers' jobs and health (health.go), read at each scrape.
 	register(&r, newLedgerCollector())
 	if r.err != nil {
@@ -90,6 +94,11 @@ func newMetrics(reg prometheus.Registerer, scope string) (*metrics, error) {
 		m.ledgerOpsBy[op] = m.ledgerOps.WithLabelValues(op)
 	}
 	return &m, nil
+}
+
+// Reconciled counts one lookup of an unknown attempt by its result.
+func (m *metrics) Reconciled(provider, result string) {
+	m.reconciled.WithLabelValues(m.scope, provider, result).Inc()
 }
 
 // Probe records a provider's latest probe result.

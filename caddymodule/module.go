@@ -172,6 +172,12 @@ type Handler struct {
 	// more, and is shorter than AttemptTimeout.
 	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
 
+	// ReconcileEvery is how often the reconciler of each gateway instance
+	// looks for unknown attempts to settle with their provider's lookup
+	// (Provider.Lookup); each attempt's lookups back off from there.
+	// Default 30s; only with a provider that has a lookup.
+	ReconcileEvery caddy.Duration `json:"reconcile_every,omitempty"`
+
 	// Providers are tried in the order given, the first being the
 	// primary. Each is a list of routes, usually ending in reverse_proxy.
 	// With none, the rest of the route is the single provider.
@@ -335,7 +341,34 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		pr.start(ctx, h.Providers)
 	}
+	h.startReconciler(ctx, handlerLedger, obs)
 	return nil
+}
+
+// startReconciler runs the lookups of the providers that have one, until
+// the config is unloaded.
+func (h *Handler) startReconciler(ctx caddy.Context, l ledger.Ledger, obs *metrics) {
+	var lookups []*Provider
+	for _, p := range h.Providers {
+		if p.Lookup != nil {
+			lookups = append(lookups, p)
+		}
+	}
+	if len(lookups) == 0 {
+		return
+	}
+	c := h.mw.Config()
+	rc := &reconciler{
+		ledger:    l,
+		providers: lookups,
+		every:     orDefault(h.ReconcileEvery, defaultReconcileEvery),
+		timeout:   c.AttemptTimeout,
+		max:       c.MaxResponseBody,
+		stored:    h.mw.Stored,
+		metrics:   obs,
+		logger:    h.logger.With(zap.String("scope", h.scope)),
+	}
+	rc.start(ctx)
 }
 
 // inFlightReject is the rule of in_flight, in JSON and in a Caddyfile:

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -109,24 +110,13 @@ func (pr *prober) probe(ctx context.Context, p *Provider) (res ProbeResult) {
 	res.At = time.Now()
 	ctx, cancel := context.WithTimeout(ctx, pr.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, pr.cfg.Method, probeURL+pr.cfg.Path, bytes.NewReader(pr.body))
-	if err != nil {
-		res.Error = err.Error()
-		return res
-	}
+	var header http.Header
 	if len(pr.body) > 0 {
-		req.Header.Set("Content-Type", "application/json")
+		header = http.Header{"Content-Type": {"application/json"}}
 	}
-	req.RequestURI = pr.cfg.Path
-	rec := &probeRecorder{header: make(http.Header), max: pr.max}
-	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
-	defer func() {
-		if v := recover(); v != nil {
-			res.OK, res.Error = false, fmt.Sprintf("probe aborted: %v", v)
-		}
-	}()
-	if err := p.ServeHTTP(rec, req); err != nil && rec.status == 0 {
-		res.Error = err.Error()
+	rec, err := sendInProcess(ctx, p, pr.cfg.Method, pr.cfg.Path, header, pr.body, caddy.NewReplacer(), pr.max)
+	if err != nil && (rec == nil || rec.status == 0 || errors.Is(err, errAborted)) {
+		res.Error = "probe: " + err.Error()
 		return res
 	}
 	res.Status = rec.status
@@ -149,6 +139,34 @@ func (pr *prober) probe(ctx context.Context, p *Provider) (res ProbeResult) {
 	res.OK = res.Error == ""
 	return res
 }
+
+// sendInProcess sends a request of the gateway's own (a probe, a lookup)
+// through the provider's routes, in process, with repl as its replacer,
+// and records its answer up to max bytes. rec is nil when the request
+// could not be made; err is the handler's error, or a panic it raised.
+func sendInProcess(ctx context.Context, p *Provider, method, uri string, header http.Header, body []byte,
+	repl *caddy.Replacer, max int64) (rec *probeRecorder, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, probeURL+uri, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.RequestURI = uri
+	rec = &probeRecorder{header: make(http.Header), max: max}
+	req = caddyhttp.PrepareRequest(req, repl, rec, &caddyhttp.Server{})
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %v", errAborted, v)
+		}
+	}()
+	return rec, p.ServeHTTP(rec, req)
+}
+
+// errAborted: the handler panicked while it answered a request of the
+// gateway's own.
+var errAborted = errors.New("aborted")
 
 // probeRecorder records a probe's answer, bounded.
 type probeRecorder struct {

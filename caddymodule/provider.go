@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -30,8 +31,51 @@ type Provider struct {
 	// attempt sends the job id there, never the client's key. Empty: the
 	// provider does not deduplicate.
 	Deduplicates string `json:"deduplicates,omitempty"`
+	// Lookup asks the provider whether an attempt whose outcome is unknown
+	// acted, once its attempt_deadline passed: the reconciler settles the
+	// attempt by the answer. Nil: the provider's unknown attempts wait for
+	// an operator (or a re-send, when it deduplicates).
+	Lookup *LookupConfig `json:"lookup,omitempty"`
 
 	handler caddyhttp.Handler
+}
+
+// LookupConfig is the request a reconciler sends through a provider's
+// routes to learn whether an unknown attempt acted.
+type LookupConfig struct {
+	// Method is the lookup's HTTP method.
+	Method string `json:"method"`
+	// URI is the lookup's path and query, with the placeholders
+	// {idempotency.job_id} and {idempotency.attempt}: the values the
+	// provider received in Idempotency-Job-Id and Idempotency-Attempt.
+	URI string `json:"uri"`
+	// Absent lists the statuses that mean the provider never acted on the
+	// attempt: it failed, and a retry may run the job again. Default 404.
+	// A 2xx means it acted, and the answer becomes the job's; any other
+	// status leaves the attempt unknown until the next lookup.
+	Absent []int `json:"absent,omitempty"`
+}
+
+// defaultAbsent is the status a lookup answers for an attempt the provider
+// never saw.
+var defaultAbsent = []int{http.StatusNotFound}
+
+// check is the rule a lookup is held to, in JSON and in a Caddyfile: a
+// method, a path (the lookup goes through the provider's handlers, in
+// process) and absent statuses that are final answers other than 2xx.
+func (c *LookupConfig) check() error {
+	if !validMethod(c.Method) {
+		return fmt.Errorf("lookup: %q is not an HTTP method", c.Method)
+	}
+	if !strings.HasPrefix(c.URI, "/") {
+		return fmt.Errorf("lookup: the URI must be a path starting with /, not %q", c.URI)
+	}
+	for _, code := range c.Absent {
+		if code < 300 || code > 599 {
+			return fmt.Errorf("lookup: absent %d: want a status from 300 to 599 (a 2xx means the provider acted)", code)
+		}
+	}
+	return nil
 }
 
 // checkProviderName is the rule a provider's name is held to, in JSON and
@@ -67,6 +111,11 @@ func (p *Provider) check(earlier []*Provider) error {
 	if p.Deduplicates != "" {
 		if err := checkHeaderName(p.Deduplicates); err != nil {
 			return fmt.Errorf("provider %s: deduplicates: %w", p.Name, err)
+		}
+	}
+	if p.Lookup != nil {
+		if err := p.Lookup.check(); err != nil {
+			return fmt.Errorf("provider %s: %w", p.Name, err)
 		}
 	}
 	return nil

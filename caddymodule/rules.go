@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -209,6 +210,7 @@ func (h *Handler) checkValues() error {
 		{"in_flight", "in_flight_wait", h.InFlightWait},
 		{"max_wait", "max_wait", h.MaxWait},
 		{"hedge_after", "hedge_after", h.HedgeAfter},
+		{"reconcile_every", "reconcile_every", h.ReconcileEvery},
 	} {
 		if err := checkDuration(d.json, d.d); err != nil {
 			return at(d.name, err)
@@ -267,6 +269,9 @@ func (h *Handler) checkTogether() error {
 		if f, err := checkFailoverOn(h.FailoverOn); err == nil && f.Contract {
 			return &fieldError{"failover_on", errors.New("failover_on contract needs a contract: without one no answer breaks it")}
 		}
+	}
+	if h.ReconcileEvery != 0 && !slices.ContainsFunc(h.Providers, func(p *Provider) bool { return p.Lookup != nil }) {
+		return &fieldError{"reconcile_every", errors.New("reconcile_every needs a provider with a lookup: only lookups are run by the reconciler")}
 	}
 	if h.Probe != nil && len(h.Providers) == 0 {
 		return &fieldError{"probe", errors.New("probe needs provider blocks: in drop-in mode there is no provider to probe")}

@@ -26,6 +26,9 @@ const (
 	HeaderJobID      = "Idempotency-Job-Id"
 	HeaderAttempt    = "Idempotency-Attempt"
 	HeaderReplayed   = "Idempotent-Replayed"
+	// HeaderReconciled marks an answer a reconciler's lookup stored: its
+	// value is "lookup", and replays carry it with the answer.
+	HeaderReconciled = "Idempotency-Reconciled"
 	// HeaderExpires tells when a settled job's key stops being one intent:
 	// onejob's header, not the IETF draft's.
 	HeaderExpires   = "Idempotency-Expires"

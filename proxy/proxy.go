@@ -394,6 +394,13 @@ func setExpires(h http.Header, t time.Time) {
 	}
 }
 
+// Stored returns the answer the ledger keeps of status, header and body, as
+// an attempt's answer is kept: end-to-end headers without the private ones.
+func (m *Middleware) Stored(status int, header http.Header, body []byte) *ledger.Response {
+	return &ledger.Response{Status: status, Header: m.storable(storedHeader(header)), Body: body,
+		Size: int64(len(body)), Stored: true}
+}
+
 // writeAnswer sends a recorded answer.
 func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
 	h := w.Header()
