@@ -40,6 +40,12 @@ type adminJob struct {
 		Error      *string `json:"error"`
 		Resend     bool    `json:"resend"`
 		Reconciled *string `json:"reconciled"`
+		Reconcile  *struct {
+			Tries      int     `json:"tries"`
+			LastStatus *int    `json:"last_status"`
+			LastAt     *string `json:"last_at"`
+			NextAt     *string `json:"next_at"`
+		} `json:"reconcile"`
 	} `json:"attempts"`
 }
 
