@@ -449,17 +449,39 @@ func printJob(w io.Writer, j jobJSON) {
 		return "+" + t.Sub(t0).Round(time.Millisecond).String()
 	}
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tATTEMPT\tPROVIDER\tSTATE\tSTARTED\tENDED\tERROR")
+	fmt.Fprintln(tw, "#\tATTEMPT\tPROVIDER\tSTATE\tSTARTED\tENDED\tRECONCILED\tERROR")
 	for _, a := range j.Attempts {
 		state := string(a.State)
 		if j.CompletedBy != nil && a.ID == *j.CompletedBy {
 			state += " (won)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			a.Number, a.ID, a.Provider, state, since(a.StartedAt), since(a.FinishedAt), deref(a.Error))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			a.Number, a.ID, a.Provider, state, since(a.StartedAt), since(a.FinishedAt), reconciledText(a, since), deref(a.Error))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "(STARTED and ENDED count from the first attempt's start, %s)\n", cliTime(timeJSON(t0), true))
+}
+
+// reconciledText tells what reconciliation did on an attempt: "resend",
+// "lookup (1 try, 404)", or the lookups of one still unknown ("2 tries,
+// last 503, next +40s"); "-" when none.
+func reconciledText(a attemptJSON, since func(*string) string) string {
+	r := a.Reconcile
+	if r == nil {
+		return deref(a.Reconciled)
+	}
+	tries := fmt.Sprintf("%d tries", r.Tries)
+	if r.Tries == 1 {
+		tries = "1 try"
+	}
+	last := "no answer"
+	if r.LastStatus != nil {
+		last = strconv.Itoa(*r.LastStatus)
+	}
+	if a.Reconciled != nil {
+		return fmt.Sprintf("%s (%s, %s)", *a.Reconciled, tries, last)
+	}
+	return fmt.Sprintf("%s, last %s, next %s", tries, last, since(r.NextAt))
 }
 
 // completedBy names a job's winning attempt: "#2 fallback".

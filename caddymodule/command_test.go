@@ -172,13 +172,42 @@ Fingerprint   bb9c2287
 Key hash      7c4954d9
 Owner hash    3e0e9b17
 
-#  ATTEMPT                               PROVIDER  STATE            STARTED  ENDED   ERROR
-1  01a23741-576c-7981-b46f-bdcf9a2194b2  primary   lost             +0s      +502ms  result arrived after the job was settled
-2  01a23741-5808-7a3d-8d85-c207c5c74762  fallback  succeeded (won)  +157ms   +244ms  -
+#  ATTEMPT                               PROVIDER  STATE            STARTED  ENDED   RECONCILED  ERROR
+1  01a23741-576c-7981-b46f-bdcf9a2194b2  primary   lost             +0s      +502ms  -           result arrived after the job was settled
+2  01a23741-5808-7a3d-8d85-c207c5c74762  fallback  succeeded (won)  +157ms   +244ms  -           -
 (STARTED and ENDED count from the first attempt's start, 2026-12-02 14:55:58.831 UTC)
 `
 	if out != want {
 		t.Errorf("show printed\n%s\nwant\n%s", out, want)
+	}
+}
+
+// TestCLIShowReconciled: the attempts' lookups, and what settled them.
+func TestCLIShowReconciled(t *testing.T) {
+	const doc = `{"id":"j1","state":"completed","version":2,"created_at":"2026-12-03T12:00:00Z",
+		"completed_at":"2026-12-03T12:00:41Z","completed_by":"a2","response":{"status":201,"size":2,"stored":true},
+		"attempts":[
+		{"number":1,"id":"a1","provider":"pay","state":"unknown","started_at":"2026-12-03T12:00:00Z","finished_at":"2026-12-03T12:00:30Z",
+		 "error":"attempt_timeout","resend":false,"reconciled":null,
+		 "reconcile":{"tries":2,"last_status":503,"last_at":"2026-12-03T12:00:40Z","next_at":"2026-12-03T12:01:20Z"}},
+		{"number":2,"id":"a2","provider":"pay","state":"succeeded","started_at":"2026-12-03T12:00:40Z","finished_at":"2026-12-03T12:00:41Z",
+		 "error":null,"resend":true,"reconciled":"resend","reconcile":null},
+		{"number":3,"id":"a3","provider":"pay","state":"failed","started_at":"2026-12-03T12:00:40Z","finished_at":"2026-12-03T12:00:50Z",
+		 "error":"no trace","resend":false,"reconciled":"lookup",
+		 "reconcile":{"tries":1,"last_status":404,"last_at":"2026-12-03T12:00:50Z","next_at":null}}]}`
+	f := newFakeAdmin(t, map[string]cannedAnswer{"GET /idempotency/jobs/j1": {200, "application/json", doc}})
+	out, errOut, err := runCLI(t, "", "show", "j1", "--address", f.addr())
+	if err != nil {
+		t.Fatalf("show: %v\n%s", err, errOut)
+	}
+	for _, want := range []string{
+		"1  a1       pay       unknown          +0s      +30s   2 tries, last 503, next +1m20s  attempt_timeout",
+		"2  a2       pay       succeeded (won)  +40s     +41s   resend                          -",
+		"3  a3       pay       failed           +40s     +50s   lookup (1 try, 404)             no trace",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show printed\n%s\nwant a line\n%s", out, want)
+		}
 	}
 }
 

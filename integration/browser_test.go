@@ -674,3 +674,30 @@ func TestBrowserCancelUnblocksRetry(t *testing.T) {
 		t.Errorf("the upstream got %d requests, want 2", c)
 	}
 }
+
+// TestBrowserLookupSettles: the page shows an unknown attempt settled by
+// its provider's lookup without anyone touching it: the job turns
+// completed, the attempt is marked reconciled by lookup on the timeline
+// and in the table.
+func TestBrowserLookupSettles(t *testing.T) {
+	b := backend{name: "memory", line: "ledger memory"}
+	u := newRecordsUpstream(t, func(int) (bool, time.Duration) { return true, 6 * time.Second })
+	site := strings.Replace(lookupSite(u.addr()), "attempt_deadline 1s", "attempt_deadline 4s", 1)
+	g := startBrowsableGateway(t, b, site)
+	first := g.post(t, "/charges", "bl-1", auth, `{}`)
+	id := first.header.Get("Idempotency-Job-Id")
+	if first.status != http.StatusGatewayTimeout {
+		t.Fatalf("first: %v", first)
+	}
+	p := openJobsPage(t, g)
+	p.goTo("/job/" + id)
+	p.waitUntil("the job is shown unknown", `document.getElementById("job") && document.getElementById("job").dataset.state === "unknown"`)
+	p.waitUntil("the lookup settles it on the page", `document.getElementById("job").dataset.state === "completed" && document.querySelector("#timeline .tl-lookup.settled") !== null`)
+	var label, cell string
+	p.eval(`document.querySelector("#timeline .reconciled").textContent`, &label)
+	p.eval(`document.querySelector("#attempts td.reconcile").textContent`, &cell)
+	if label != "lookup" || !strings.HasPrefix(cell, "settled by lookup (1 lookup, last answered 200)") {
+		t.Errorf("the page shows %q on the timeline and %q in the table", label, cell)
+	}
+	p.screenshot("lookup.png")
+}

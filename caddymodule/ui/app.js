@@ -561,7 +561,8 @@ function timeline(job) {
 	});
 	const completed = parseTime(job.completed_at);
 	const t0 = Math.min(...spans.map((s) => s.start));
-	let t1 = Math.max(...spans.map((s) => s.drawnEnd), completed || t0);
+	const looked = spans.map((s) => s.a.reconcile && parseTime(s.a.reconcile.last_at)).filter((t) => t);
+	let t1 = Math.max(...spans.map((s) => s.drawnEnd), completed || t0, ...looked);
 	if (t1 - t0 < 1) t1 = t0 + 1;
 	const span = t1 - t0;
 	const pct = (t) => ((t - t0) / span) * 100;
@@ -601,9 +602,17 @@ function timeline(job) {
 			s.end !== null ? formatDuration(s.end - s.start) : "no end yet",
 			outcome ? el("strong", {class: isWinner ? "tl-won" : "tl-" + a.state}, outcome) : null);
 		note.style.left = pct(s.drawnEnd) + "%";
+		// The last lookup of an unknown attempt: a mark where it ended.
+		let lookup = null;
+		if (a.reconcile && a.reconcile.last_at) {
+			lookup = el("span", {class: "tl-lookup" + (a.reconciled === "lookup" ? " settled" : ""),
+				title: reconcileText(a)}, "⌕");
+			lookup.style.left = pct(parseTime(a.reconcile.last_at)) + "%";
+		}
 		return el("div", {class: "tl-row", dataset: {number: a.number}},
-			el("div", {class: "tl-label"}, el("span", {class: "tl-name"}, attemptName(a)), badge(a.state, "attempt")),
-			el("div", {class: "tl-track"}, bar, note));
+			el("div", {class: "tl-label"}, el("span", {class: "tl-name"}, attemptName(a)), badge(a.state, "attempt"),
+				a.reconciled ? el("span", {class: "reconciled", title: "settled by reconciliation"}, a.reconciled) : null),
+			el("div", {class: "tl-track"}, bar, note, lookup));
 	});
 	return el("figure", {class: "timeline", id: "timeline"},
 		el("div", {class: "tl-head"}, el("div", {class: "tl-axis-label"}, "time since the first attempt left"), axis),
@@ -646,13 +655,26 @@ function raceSummary(spans, job, t0) {
 		lost.length ? [el("dt", {}, "Lost"), el("dd", {id: "race-lost"}, lost.map((s) => attemptName(s.a)).join(", "))] : null);
 }
 
+// reconcileText tells what reconciliation did on an attempt: the re-send
+// that won its job, or its lookups (how many, the last answer, the next).
+function reconcileText(a) {
+	if (a.reconciled === "resend") return "re-sent to the deduplicating provider: its answer settled the job";
+	const r = a.reconcile;
+	if (!r) return a.resend ? "a re-send" : "";
+	const tries = r.tries + (r.tries === 1 ? " lookup" : " lookups");
+	const last = r.last_status ? "last answered " + r.last_status : "last got no answer";
+	if (a.reconciled === "lookup") return "settled by lookup (" + tries + ", " + last + ")";
+	return tries + ", " + last + (r.next_at ? "; next at " + formatTime(r.next_at, true) : "");
+}
+
 function attemptsTable(job) {
 	if (!job.attempts || !job.attempts.length) return null;
 	const t0 = Math.min(...job.attempts.map((a) => parseTime(a.started_at)));
 	return el("table", {class: "attempts", id: "attempts"},
 		el("thead", {}, el("tr", {},
 			el("th", {class: "num"}, "#"), el("th", {}, "Attempt"), el("th", {}, "Provider"), el("th", {}, "State"),
-			el("th", {}, "Started (UTC)"), el("th", {class: "num"}, "Took"), el("th", {}, "Error"))),
+			el("th", {}, "Started (UTC)"), el("th", {class: "num"}, "Took"), el("th", {}, "Error"),
+			el("th", {}, "Reconciliation"))),
 		el("tbody", {}, job.attempts.map((a) => {
 			const start = parseTime(a.started_at);
 			const end = parseTime(a.finished_at);
@@ -664,7 +686,8 @@ function attemptsTable(job) {
 				el("td", {class: "time", title: a.started_at || ""}, formatTime(a.started_at, true),
 					start !== t0 ? el("span", {class: "muted"}, " (+" + formatDuration(start - t0) + ")") : null),
 				el("td", {class: "num"}, end !== null ? formatDuration(end - start) : "—"),
-				el("td", {class: "error"}, a.error || ""));
+				el("td", {class: "error"}, a.error || ""),
+				el("td", {class: "reconcile"}, reconcileText(a)));
 		})));
 }
 
