@@ -37,6 +37,8 @@ type adminAttempt struct {
 	StartedAt  *string `json:"started_at"`
 	FinishedAt *string `json:"finished_at"`
 	Error      *string `json:"error"`
+	Resend     bool    `json:"resend"`
+	Reconciled *string `json:"reconciled"`
 }
 
 // times returns when the attempt started and finished, by the ledger's

@@ -78,6 +78,8 @@ type clientConfig struct {
 	Keys      int // per owner
 	MaxTries  int // per session
 	Gateways  func() []string
+	Path      string        // where the requests go
+	KeyPrefix string        // the keys' names start with it
 	ThinkTime time.Duration // mean pause between sessions
 	// The keys in use slide from the first to the last over Duration, so
 	// that new jobs start throughout the run.
@@ -118,13 +120,13 @@ func (c *clients) identities() []identity {
 	var out []identity
 	for _, o := range c.cfg.Owners {
 		for k := range c.cfg.Keys {
-			out = append(out, identity{Owner: o, Key: keyName(k)})
+			out = append(out, identity{Owner: o, Key: c.keyName(k)})
 		}
 	}
 	return out
 }
 
-func keyName(k int) string { return fmt.Sprintf("k-%05d", k) }
+func (c *clients) keyName(k int) string { return fmt.Sprintf("%s%05d", c.cfg.KeyPrefix, k) }
 
 // run starts the clients and returns when ctx ends and every client has
 // stopped.
@@ -159,7 +161,7 @@ func (c *clients) pick() identity {
 	if rand.IntN(4) == 0 {
 		k = rand.IntN(hi)
 	}
-	id := identity{Owner: c.cfg.Owners[rand.IntN(len(c.cfg.Owners))], Key: keyName(k)}
+	id := identity{Owner: c.cfg.Owners[rand.IntN(len(c.cfg.Owners))], Key: c.keyName(k)}
 	c.recent.ids = append(c.recent.ids, id)
 	if len(c.recent.ids) > 64 {
 		c.recent.ids = c.recent.ids[1:]
@@ -235,7 +237,7 @@ func (c *clients) send(ctx context.Context, gw string, id identity, body []byte)
 	}
 	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, gw+"/charges", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, gw+c.cfg.Path, bytes.NewReader(body))
 	if err != nil {
 		panic(err) // a fixed method and a valid URL
 	}

@@ -25,20 +25,26 @@ type gatewayConfig struct {
 	HedgeAfter      time.Duration     // 0: no hedging
 	Providers       []string          // in order: the first is the primary
 	Upstreams       map[string]string // provider → host:port
+	Dedup           string            // the deduplicating provider's host:port; "": no such route
+}
+
+// ledgerLines are the ledger subdirective and the cache's, if any.
+func (c gatewayConfig) ledgerLines() string {
+	if c.Cache == "" {
+		return c.Ledger
+	}
+	return c.Ledger + "\n\t\t\t" + c.Cache
 }
 
 // caddyfile is an instance's whole configuration.
 func (c gatewayConfig) caddyfile(port, admin int) string {
-	ledger := c.Ledger
-	if c.Cache != "" {
-		ledger += "\n\t\t" + c.Cache
-	}
+	ledger := c.ledgerLines()
 	providers := ""
 	if c.HedgeAfter > 0 {
-		providers = fmt.Sprintf("\t\thedge_after %s\n", c.HedgeAfter)
+		providers = fmt.Sprintf("\t\t\thedge_after %s\n", c.HedgeAfter)
 	}
 	for _, p := range c.Providers {
-		providers += fmt.Sprintf("\t\tprovider %s {\n\t\t\treverse_proxy %s\n\t\t}\n", p, c.Upstreams[p])
+		providers += fmt.Sprintf("\t\t\tprovider %s {\n\t\t\t\treverse_proxy %s\n\t\t\t}\n", p, c.Upstreams[p])
 	}
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
@@ -48,16 +54,18 @@ func (c gatewayConfig) caddyfile(port, admin int) string {
 
 http://127.0.0.1:%d {
 	bind 127.0.0.1
-	idempotency {
-		%s
-		owner {http.request.header.Authorization}
-		owner_secret %s
-		attempt_timeout %s
-		attempt_deadline %s
-		in_flight wait %s
-%s	}
+%s	handle {
+		idempotency {
+			%s
+			owner {http.request.header.Authorization}
+			owner_secret %s
+			attempt_timeout %s
+			attempt_deadline %s
+			in_flight wait %s
+%s		}
+	}
 }
-`, admin, port, ledger, c.OwnerSecret, c.AttemptTimeout, c.AttemptDeadline, c.InFlightWait, providers)
+`, admin, port, dedupRoute(c), ledger, c.OwnerSecret, c.AttemptTimeout, c.AttemptDeadline, c.InFlightWait, providers)
 }
 
 // gateway is one instance of the fleet: a caddy process that can be

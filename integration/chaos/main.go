@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -57,6 +58,7 @@ type options struct {
 	think           time.Duration
 	acceptResets    float64
 	maxViolations   int
+	dedupClients    int
 }
 
 func parseOptions() options {
@@ -86,6 +88,7 @@ func parseOptions() options {
 	flag.DurationVar(&o.think, "think", 500*time.Millisecond, "mean pause of a client between sessions")
 	flag.Float64Var(&o.acceptResets, "accept-resets", 0.03, "odds that the upstream resets a connection it accepts")
 	flag.IntVar(&o.maxViolations, "max-violations", 300, "violations printed in full; the rest are counted")
+	flag.IntVar(&o.dedupClients, "dedup-clients", 20, "clients of the route whose provider deduplicates and answers lookups; 0: no such route")
 	flag.Parse()
 
 	set := map[string]bool{}
@@ -224,6 +227,14 @@ func run(ctx context.Context, o options) (int, error) {
 		HedgeAfter: o.hedgeAfter,
 		Providers:  providers, Upstreams: up.addrs,
 	}
+	var dup *dedupUpstream
+	if o.dedupClients > 0 {
+		if dup, err = newDedupUpstream(o.attemptTimeout, o.attemptDeadline); err != nil {
+			return 2, err
+		}
+		defer dup.close()
+		cfg.Dedup = dup.addr
+	}
 	var gws fleet
 	ports, err := freePorts(2 * 3)
 	if err != nil {
@@ -275,7 +286,11 @@ func run(ctx context.Context, o options) (int, error) {
 	// The load, with the faults alongside.
 	cl := newClients(clientConfig{
 		Clients: o.clients, Owners: ownerNames[:o.owners], Keys: o.keys, MaxTries: o.maxTries,
-		Gateways: gws.urls, ThinkTime: o.think, Start: time.Now(), Duration: o.duration,
+		Gateways: gws.urls, Path: "/charges", KeyPrefix: "k-", ThinkTime: o.think, Start: time.Now(), Duration: o.duration,
+	})
+	dcl := newClients(clientConfig{
+		Clients: o.dedupClients, Owners: ownerNames[:o.owners], Keys: max(o.keys/4, 1), MaxTries: o.maxTries,
+		Gateways: gws.urls, Path: dedupPath, KeyPrefix: "d-", ThinkTime: o.think, Start: time.Now(), Duration: o.duration,
 	})
 	f := &faults{fleet: gws, links: links, ledger: o.ledger, svc: svc, out: faultLog}
 	loadCtx, endLoad := context.WithTimeout(ctx, o.duration)
@@ -284,7 +299,10 @@ func run(ctx context.Context, o options) (int, error) {
 	linksDone := make(chan struct{})
 	go func() { faultErr <- f.run(loadCtx, o.duration, o.kills, o.restarts) }()
 	go func() { f.runLinks(loadCtx, o.duration, o.links); close(linksDone) }()
+	dedupDone := make(chan struct{})
+	go func() { dcl.run(loadCtx); close(dedupDone) }()
 	cl.run(loadCtx)
+	<-dedupDone
 	loadEnded := time.Now()
 	<-linksDone
 	for _, l := range links {
@@ -304,6 +322,19 @@ func run(ctx context.Context, o options) (int, error) {
 	idleCancel()
 	if !idle {
 		return 2, fmt.Errorf("the upstream still has requests running %s after the load ended", time.Since(loadEnded).Round(time.Second))
+	}
+	if dup != nil {
+		// The reconcilers settle the route's unknown jobs by lookups once
+		// their deadlines passed; then nothing of it may still run.
+		if g := gws.anyRunning(); g != nil {
+			settleDedup(ctx, g, 30*time.Second)
+		}
+		idleCtx, idleCancel := context.WithTimeout(ctx, 30*time.Second)
+		idle := dup.idle(idleCtx)
+		idleCancel()
+		if !idle {
+			return 2, fmt.Errorf("the deduplicating provider still has requests running")
+		}
 	}
 
 	kills, restarts := f.processFaults()
@@ -327,10 +358,23 @@ func run(ctx context.Context, o options) (int, error) {
 	if ev.Jobs, err = readLedger(ctx, admin); err != nil {
 		return 2, fmt.Errorf("reading the ledger: %w", err)
 	}
+	// The deduplicating route's jobs are checked against its own provider.
+	dedupJobs := map[string]*adminJob{}
+	for id, j := range ev.Jobs {
+		if slices.ContainsFunc(j.Attempts, func(a adminAttempt) bool { return a.Provider == dedupProvider }) {
+			dedupJobs[id] = j
+			delete(ev.Jobs, id)
+		}
+	}
 	ev.Replays = replayAll(ctx, gws.urls(), replayable(ev))
 	ev.ArrivalsAfter = up.count()
 
 	r := check(ev)
+	if dup != nil {
+		dr := checkDedup(dup, dedupJobs, dcl.exchanges(), ev, dcl.identities())
+		r.Violations = append(r.Violations, dr.Violations...)
+		printDedup(os.Stdout, dr, dup, dcl)
+	}
 	printReport(os.Stdout, o, r, ev, cl, up, f.events, time.Since(began))
 	if len(r.Violations) > 0 {
 		return 1, nil
