@@ -242,7 +242,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		providers = append(providers, proxy.Provider{Name: p.Name, Handler: p,
-			Deduplicates: http.CanonicalHeaderKey(p.Deduplicates)})
+			Deduplicates: http.CanonicalHeaderKey(p.Deduplicates), Lookup: p.Lookup != nil})
 	}
 
 	obs, err := newMetrics(ctx.GetMetricsRegistry(), h.scope)
@@ -282,6 +282,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Eligible:           h.eligible,
 		Providers:          providers,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
+		ReconcileEvery:     time.Duration(h.ReconcileEvery),
 		Ledger:             handlerLedger,
 		KeyHeader:          h.KeyHeader,
 		Methods:            append([]string(nil), h.Methods...),
@@ -361,7 +362,7 @@ func (h *Handler) startReconciler(ctx caddy.Context, l ledger.Ledger, obs *metri
 	rc := &reconciler{
 		ledger:    l,
 		providers: lookups,
-		every:     orDefault(h.ReconcileEvery, defaultReconcileEvery),
+		every:     c.ReconcileEvery,
 		timeout:   c.AttemptTimeout,
 		max:       c.MaxResponseBody,
 		stored:    h.mw.Stored,

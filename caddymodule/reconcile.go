@@ -24,7 +24,6 @@ import (
 // sure two instances never look up the same attempt at once.
 
 const (
-	defaultReconcileEvery = 30 * time.Second
 	// maxLookupBackoff caps the wait between two lookups of one attempt.
 	maxLookupBackoff = time.Hour
 	// reconcilePage is how many unknown jobs one listing call reads.

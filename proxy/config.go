@@ -41,6 +41,7 @@ const (
 	DefaultRetention       = 24 * time.Hour
 	DefaultAttemptTimeout  = 30 * time.Second
 	DefaultAttemptDeadline = 5 * time.Minute
+	DefaultReconcileEvery  = 30 * time.Second
 	DefaultMaxRequestBody  = 1 << 20
 	DefaultMaxResponseBody = 8 << 20
 )
@@ -65,6 +66,9 @@ type Provider struct {
 	// there (one value per intent and per owner, the same for every
 	// attempt of the job), never the client's key.
 	Deduplicates string
+	// Lookup: a reconciler asks the provider whether an unknown attempt
+	// acted, once its deadline passed, every ReconcileEvery with backoff.
+	Lookup bool
 }
 
 // FailoverOn names the answers that show a provider did not act on a
@@ -190,6 +194,10 @@ type Config struct {
 	// running one has sent no answer headers for that long; 0 is off. Only
 	// for side-effect-free providers.
 	HedgeAfter time.Duration
+	// ReconcileEvery is how often a reconciler looks up unknown attempts
+	// of providers with a Lookup (it runs outside the middleware; the
+	// status answer tells when the next lookup may settle a job).
+	ReconcileEvery time.Duration
 	// Contract, when set, checks every answer whose status it names. With
 	// contract in FailoverOn a breach is a definitive failure; without it
 	// the job is unknown (the provider may have acted).
@@ -287,6 +295,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.AttemptDeadline <= 0 {
 		c.AttemptDeadline = DefaultAttemptDeadline
+	}
+	if c.ReconcileEvery <= 0 {
+		c.ReconcileEvery = DefaultReconcileEvery
 	}
 	if c.AttemptDeadline < c.AttemptTimeout {
 		return fmt.Errorf("proxy: attempt_deadline (%v) is shorter than attempt_timeout (%v)", c.AttemptDeadline, c.AttemptTimeout)

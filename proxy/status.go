@@ -116,7 +116,7 @@ func (m *Middleware) serveStatus(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	m.cfg.SetVar(r, "job_id", j.ID)
-	body, err := json.Marshal(jobStatus(j))
+	body, err := json.Marshal(m.jobStatus(j))
 	if err != nil { // cannot happen: strings, numbers and times
 		body = []byte(`{}`)
 	}
@@ -147,7 +147,7 @@ func statusKey(seg string) (string, error) {
 }
 
 // jobStatus is what a status answer tells of j: never its stored answer.
-func jobStatus(j *ledger.Job) JobStatus {
+func (m *Middleware) jobStatus(j *ledger.Job) JobStatus {
 	return JobStatus{
 		JobID:       j.ID,
 		State:       string(j.State),
@@ -155,7 +155,7 @@ func jobStatus(j *ledger.Job) JobStatus {
 		CompletedAt: timeOrNull(j.CompletedAt),
 		ExpiresAt:   timeOrNull(j.ExpiresAt),
 		Attempts:    len(j.Attempts),
-		RetryAfter:  statusRetryAfter(j),
+		RetryAfter:  m.statusRetryAfter(j),
 	}
 }
 
@@ -172,16 +172,28 @@ func timeOrNull(t time.Time) *time.Time {
 // next change by itself, or nil when it cannot: a pending job becomes
 // settled or unknown by the deadline of its last running attempt; an
 // unknown job may still be completed by a late result until the deadline
-// of an attempt that is running or unknown. A completed or failed job, or
-// an unknown one whose deadlines passed, changes only by a request or an
-// operator.
-func statusRetryAfter(j *ledger.Job) *int64 {
+// of an attempt that is running or unknown, and after it by the next
+// lookup of an unknown attempt whose provider has one (the next round of
+// the reconciler, when that lookup is due already). A completed or failed
+// job, or an unknown one whose deadlines passed and that no lookup
+// settles, changes only by a request or an operator.
+func (m *Middleware) statusRetryAfter(j *ledger.Job) *int64 {
 	var until time.Time
 	for _, a := range j.Attempts {
 		live := a.State == ledger.AttemptStarting ||
 			(j.State == ledger.JobUnknown && a.State == ledger.AttemptUnknown)
-		if live && a.Deadline.After(until) {
-			until = a.Deadline
+		if !live {
+			continue
+		}
+		next := a.Deadline
+		if a.State == ledger.AttemptUnknown && m.looksUp(a.Provider) && !j.ReadAt.IsZero() && !j.ReadAt.Before(a.Deadline) {
+			next = a.Lookup.NextAt
+			if !next.After(j.ReadAt) {
+				next = j.ReadAt.Add(m.cfg.ReconcileEvery)
+			}
+		}
+		if next.After(until) {
+			until = next
 		}
 	}
 	if (j.State != ledger.JobPending && j.State != ledger.JobUnknown) || until.IsZero() {
@@ -196,6 +208,16 @@ func statusRetryAfter(j *ledger.Job) *int64 {
 		s = int64((d + time.Second - 1) / time.Second)
 	}
 	return &s
+}
+
+// looksUp reports whether the named provider has a lookup.
+func (m *Middleware) looksUp(provider string) bool {
+	for _, p := range m.cfg.Providers {
+		if p.Name == provider {
+			return p.Lookup
+		}
+	}
+	return false
 }
 
 // headWriter answers HEAD: the headers of GET's answer, no body.

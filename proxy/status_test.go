@@ -208,6 +208,29 @@ func TestStatusUnknown(t *testing.T) {
 	wantRetry(t, s, -1)
 }
 
+// TestStatusUnknownLookedUp: past its deadline, an unknown attempt whose
+// provider has a lookup may still be settled by the next lookup: the
+// reconciler's next round, or the attempt's backoff.
+func TestStatusUnknownLookedUp(t *testing.T) {
+	clock := &testClock{t: time.Now().Truncate(time.Second)}
+	l := memory.New(memory.WithClock(clock.now))
+	h := newHarness(t, Config{StatusPath: statusPath, Ledger: l, ReconcileEvery: 10 * time.Second,
+		Providers: []Provider{{Name: DefaultProvider, Lookup: true}}}, nil)
+	r := h.reserveAs(testOwner, "looked-up", time.Minute)
+	if err := l.MarkUnknown(context.Background(), r.Attempt.Ref(), "attempt_timeout"); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Minute)
+	wantRetry(t, statusOf(t, h.status(statusGet("looked-up", testOwner))), 10)
+	if _, err := l.ClaimLookup(context.Background(), r.Attempt.Ref(), "r", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SettleLookup(context.Background(), r.Attempt.Ref(), "r", ledger.LookupResult{Status: 503, Retry: 40 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	wantRetry(t, statusOf(t, h.status(statusGet("looked-up", testOwner))), 40)
+}
+
 func TestStatusFailed(t *testing.T) {
 	h, clock := skewedHarness(t)
 	r := h.reserveAs(testOwner, "k", 5*time.Minute)
