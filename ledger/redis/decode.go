@@ -164,6 +164,15 @@ func decodeAttempt(jobID string, n int, field func(name string) string) ledger.A
 		FinishedAt: timeOf(field("t1")),
 		Error:      field("e"),
 		Resend:     field("rs") == "1",
+		Lookup: ledger.Lookup{
+			Tries:      int(int64Of(field("lt"))),
+			LastStatus: int(int64Of(field("ls"))),
+			LastAt:     timeOf(field("la")),
+			NextAt:     timeOf(field("ln")),
+			Settled:    field("ld") == "1",
+			Holder:     field("lh"),
+			Until:      timeOf(field("lu")),
+		},
 	}
 }
 

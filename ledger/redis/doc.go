@@ -42,7 +42,14 @@
 //	                                       p (provider), s (state), v (job
 //	                                       version), t0, dl (deadline), t1
 //	                                       (finished), e (error), rs ("1"
-//	                                       for a re-send: Ledger.Resend)
+//	                                       for a re-send: Ledger.Resend),
+//	                                       and, once a reconciler's lookup
+//	                                       touched the attempt, lt (tries),
+//	                                       ls (last status), la (last at),
+//	                                       ln (next at), ld ("1": a lookup
+//	                                       settled it), lh (holder), lu
+//	                                       (the holder's lease's end;
+//	                                       absent once released)
 //	<b>idx                                 sorted set, score 0: the bucket's
 //	                                       job ids; UUIDv7 ids sort by
 //	                                       creation, so listing is

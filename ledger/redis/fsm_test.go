@@ -44,6 +44,13 @@ type differential struct {
 	attempts []ledger.AttemptRef
 	nexts    []ledger.NextAttempt // attempts offered to Fail and Hedge, for repeats
 	admins   []string             // admin attempt ids offered to Resolve
+	claims   []claim              // lookups claimed, for their settlements
+}
+
+// claim is a lookup claimed by holder.
+type claim struct {
+	ref    ledger.AttemptRef
+	holder string
 }
 
 func runDifferential(t *testing.T, seed uint64, steps int) {
@@ -71,7 +78,7 @@ func (d *differential) pick(n int) int { return d.rng.IntN(n) }
 
 func (d *differential) step() {
 	ctx := context.Background()
-	switch op := d.pick(12); {
+	switch op := d.pick(14); {
 	case op < 3:
 		d.reserve(ctx)
 	case op == 3:
@@ -145,11 +152,46 @@ func (d *differential) step() {
 		ea := d.mem.SaveBody(ctx, ref, body, int64(len(body)), true)
 		eb := d.red.SaveBody(ctx, ref, body, int64(len(body)), true)
 		d.check("save body", ea, eb, nil, nil)
+	case op == 11:
+		ref, holder := d.unknownRef(), fmt.Sprint("r", d.pick(3))
+		lease := time.Duration(1+d.pick(2)) * 30 * time.Second
+		a, ea := d.mem.ClaimLookup(ctx, ref, holder, lease)
+		b, eb := d.red.ClaimLookup(ctx, ref, holder, lease)
+		d.check("claim lookup "+holder, ea, eb, func() string { return jobString(a) }, func() string { return jobString(b) })
+		if ea == nil {
+			d.claims = append(d.claims, claim{ref, holder})
+			if d.pick(2) == 0 {
+				d.settleLookup(ctx, ref, holder)
+			}
+		}
+	case op == 12:
+		ref, holder := d.ref(), fmt.Sprint("r", d.pick(3))
+		if len(d.claims) > 0 && d.pick(3) > 0 {
+			c := d.claims[d.pick(len(d.claims))]
+			ref, holder = c.ref, c.holder
+		}
+		d.settleLookup(ctx, ref, holder)
 	default:
 		_, ea := d.mem.Sweep(ctx, 100)
 		_, eb := d.red.Sweep(ctx, 100)
 		d.check("sweep", ea, eb, nil, nil) // the counts differ: memory's reads record leases
 	}
+}
+
+// settleLookup settles a lookup with an answer found, absent, or neither.
+func (d *differential) settleLookup(ctx context.Context, ref ledger.AttemptRef, holder string) {
+	r := ledger.LookupResult{Status: 503, Retry: time.Minute}
+	switch d.pick(3) {
+	case 0:
+		r = ledger.LookupResult{Status: 200, Found: &ledger.Response{Status: 201,
+			Header: map[string][]string{"Y": {"b"}}, Body: []byte("looked up")}}
+	case 1:
+		r = ledger.LookupResult{Status: 404, Absent: true}
+	}
+	a, ea := d.mem.SettleLookup(ctx, ref, holder, r)
+	b, eb := d.red.SettleLookup(ctx, ref, holder, r)
+	d.check(fmt.Sprintf("settle lookup %s %d", holder, r.Status), ea, eb, func() string { return jobString(a) },
+		func() string { return jobString(b) })
 }
 
 // reserve makes a new request, another request for a known identity, or
@@ -213,6 +255,25 @@ func (d *differential) ref() ledger.AttemptRef {
 		r.Version += int64(d.pick(3)) - 1
 	}
 	return r
+}
+
+// unknownRef returns, mostly, an attempt the memory ledger reads as
+// unknown (what a lookup may claim), else any known attempt.
+func (d *differential) unknownRef() ledger.AttemptRef {
+	var unknown []ledger.AttemptRef
+	for _, r := range d.attempts {
+		if j, err := d.mem.Job(context.Background(), r.JobID); err == nil {
+			for _, a := range j.Attempts {
+				if a.ID == r.AttemptID && a.State == ledger.AttemptUnknown {
+					unknown = append(unknown, r)
+				}
+			}
+		}
+	}
+	if len(unknown) == 0 || d.pick(4) == 0 {
+		return d.ref()
+	}
+	return unknown[d.pick(len(unknown))]
 }
 
 // next returns a new attempt to start, or one offered before (a repeat).
@@ -303,8 +364,13 @@ func attemptString(a *ledger.Attempt) string {
 	if a == nil {
 		return "no attempt"
 	}
-	return fmt.Sprintf("attempt %d %s job %s on %s %s v%d started %s deadline %s finished %s error %q",
+	s := fmt.Sprintf("attempt %d %s job %s on %s %s v%d started %s deadline %s finished %s error %q",
 		a.Number, a.ID, a.JobID, a.Provider, a.State, a.JobVersion, stamp(a.StartedAt), stamp(a.Deadline), stamp(a.FinishedAt), a.Error)
+	if k := a.Lookup; k != (ledger.Lookup{}) {
+		s += fmt.Sprintf(" lookups %d last %d at %s next %s settled %v holder %q until %s",
+			k.Tries, k.LastStatus, stamp(k.LastAt), stamp(k.NextAt), k.Settled, k.Holder, stamp(k.Until))
+	}
+	return s
 }
 
 func stamp(t time.Time) string {

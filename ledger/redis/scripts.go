@@ -21,8 +21,10 @@ var jobFields = []string{
 }
 
 // attemptFields are the names of an attempt's fields in the attempts hash
-// ("<number>:<name>"), in the order scripts return one attempt.
-var attemptFields = []string{"id", "p", "s", "v", "t0", "dl", "t1", "e", "rs"}
+// ("<number>:<name>"), in the order scripts return one attempt; the
+// fields from lt on record the reconciler's lookups (lookup.lua), and only
+// an attempt a lookup touched has them.
+var attemptFields = []string{"id", "p", "s", "v", "t0", "dl", "t1", "e", "rs", "lt", "ls", "la", "ln", "ld", "lh", "lu"}
 
 // script is a Lua script with its source, which preload sends.
 type script struct {
@@ -33,7 +35,7 @@ type script struct {
 // scriptSet holds the transition scripts and find (a read), each lib.lua
 // plus its own file.
 type scriptSet struct {
-	reserve, complete, saveBody, fail, unsent, markUnknown, start, resolve, sweepScan, sweep, find, purge script
+	reserve, complete, saveBody, fail, unsent, markUnknown, start, lookup, resolve, sweepScan, sweep, find, purge script
 }
 
 // The script sets of a single server (waiters woken by PUBLISH) and of a
@@ -79,6 +81,7 @@ func buildScripts(publish string) scriptSet {
 		unsent:      mk("unsent.lua"),
 		markUnknown: mk("mark_unknown.lua"),
 		start:       mk("start.lua"),
+		lookup:      mk("lookup.lua"),
 		resolve:     mk("resolve.lua"),
 		sweepScan:   mk("sweep_scan.lua"),
 		sweep:       mk("sweep.lua"),
@@ -96,5 +99,5 @@ func read(name string) string {
 }
 
 func (s scriptSet) all() []script {
-	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.start, s.resolve, s.sweepScan, s.sweep, s.find, s.purge}
+	return []script{s.reserve, s.complete, s.saveBody, s.fail, s.unsent, s.markUnknown, s.start, s.lookup, s.resolve, s.sweepScan, s.sweep, s.find, s.purge}
 }

@@ -175,6 +175,19 @@ local function apply_leases(J, A, now)
 	return n
 end
 
+-- load_leased reads a job that exists and has not expired, with its
+-- attempts, and records the leases that ran out by now: the opening of a
+-- transition. It returns nil when the job is gone.
+local function load_leased(jkey, akey, now)
+	local J = load_current(jkey, akey, now)
+	if not J then
+		return nil
+	end
+	local A = load_attempts(J)
+	apply_leases(J, A, now)
+	return J, A
+end
+
 -- add_attempt starts a new attempt at the job's current version.
 local function add_attempt(J, A, id, provider, lease, now)
 	local n = J.n + 1
