@@ -340,6 +340,9 @@ const (
 	// ReasonAbsent: a lookup found that the provider never acted on the
 	// attempt (SettleLookup).
 	ReasonAbsent = "the provider's lookup found no trace of the attempt"
+	// ReasonLookupLost: a lookup found that the provider acted on the
+	// attempt after another result had won (SettleLookup).
+	ReasonLookupLost = "the provider's lookup found it acted after another result had won"
 )
 
 // Errors returned by ledgers. Any other error means the ledger could not

@@ -297,6 +297,25 @@ LANGUAGE sql STABLE AS $$
 			AND (x.state IN ('starting', 'unknown') OR (x.state = 'lost' AND x.job_version = j.version)));
 $$;
 
+-- after_failure settles the locked job p_job once p_attempt failed with no
+-- next attempt to start (fsm.afterFailure): the job fails when nothing
+-- else blocks it; otherwise its lease is refreshed (unknown when nothing
+-- else runs).
+CREATE FUNCTION {{fn}}.after_failure(p_job uuid, p_attempt uuid, p_ts timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+BEGIN
+	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
+	IF {{fn}}.blocked(j, p_attempt) THEN
+		PERFORM {{fn}}.refresh_lease(p_job, p_ts);
+	ELSE
+		UPDATE jobs t SET state = 'failed', completed_at = p_ts, expires_at = p_ts + t.retention, lease_until = NULL
+		WHERE t.id = p_job;
+		PERFORM {{fn}}.notify_job(p_job);
+	END IF;
+END $$;
+
 -- fail records a definitive failure of an attempt, then starts the next
 -- attempt (failover) or, when nothing else blocks, fails the job. An
 -- unknown attempt may still report a definitive failure until its
@@ -349,10 +368,13 @@ BEGIN
 	END IF;
 	UPDATE attempts t SET state = 'failed', error = p_reason, finished_at = ts WHERE t.id = p_attempt;
 	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
-	IF {{fn}}.blocked(j, p_attempt) THEN
+	IF p_next IS NULL THEN
+		PERFORM {{fn}}.after_failure(p_job, p_attempt, ts);
+		outcome := 'ok';
+	ELSIF {{fn}}.blocked(j, p_attempt) THEN
 		PERFORM {{fn}}.refresh_lease(p_job, ts); -- unknown when nothing else runs
-		outcome := CASE WHEN p_next IS NULL THEN 'ok' ELSE 'blocked' END;
-	ELSIF p_next IS NOT NULL THEN
+		outcome := 'blocked';
+	ELSE
 		INSERT INTO attempts AS t VALUES (p_next, p_job, j.attempt_count + 1, p_next_provider, 'starting',
 			j.version, ts, ts + lease)
 		ON CONFLICT DO NOTHING
@@ -366,11 +388,6 @@ BEGIN
 		attempt_number := a.number; attempt_version := a.job_version;
 		attempt_provider := a.provider; attempt_state := a.state;
 		attempt_started := a.started_at; attempt_deadline := a.deadline;
-	ELSE
-		UPDATE jobs t SET state = 'failed', completed_at = ts, expires_at = ts + t.retention, lease_until = NULL
-		WHERE t.id = p_job;
-		PERFORM {{fn}}.notify_job(p_job);
-		outcome := 'ok';
 	END IF;
 END $$;
 
@@ -408,13 +425,7 @@ BEGIN
 		RETURN 'stale';
 	END IF;
 	UPDATE attempts t SET state = 'failed', error = p_reason, finished_at = ts WHERE t.id = p_attempt;
-	IF {{fn}}.blocked(j, p_attempt) THEN
-		PERFORM {{fn}}.refresh_lease(p_job, ts);
-	ELSE
-		UPDATE jobs t SET state = 'failed', completed_at = ts, expires_at = ts + t.retention, lease_until = NULL
-		WHERE t.id = p_job;
-		PERFORM {{fn}}.notify_job(p_job);
-	END IF;
+	PERFORM {{fn}}.after_failure(p_job, p_attempt, ts);
 	RETURN 'ok';
 END $$;
 
@@ -508,6 +519,95 @@ BEGIN
 	attempt_number := a.number; attempt_version := a.job_version;
 	attempt_provider := a.provider; attempt_state := a.state;
 	attempt_started := a.started_at; attempt_deadline := a.deadline;
+END $$;
+
+-- claim_lookup leases the unknown attempt p_attempt to the reconciler
+-- p_holder until the ledger's clock plus p_lease_us (fsm.ClaimLookup), once
+-- its deadline passed, its next lookup is due and no other holder's lease
+-- runs. A repeat by the holder while its lease runs is 'ok' again.
+CREATE FUNCTION {{fn}}.claim_lookup(p_job uuid, p_attempt uuid, p_holder text, p_lease_us bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	a attempts%ROWTYPE;
+	ts timestamptz;
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	IF j.id IS NULL THEN
+		RETURN 'not_found';
+	END IF;
+	ts := clock_timestamp();
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
+	IF NOT FOUND THEN
+		RETURN 'not_found';
+	ELSIF a.state = 'unknown' AND a.lookup_holder = p_holder AND coalesce(a.lookup_until > ts, false) THEN
+		RETURN 'ok'; -- a repeat
+	ELSIF a.state <> 'unknown' OR a.deadline > ts
+		OR coalesce(a.lookup_next_at > ts, false) OR coalesce(a.lookup_until > ts, false) THEN
+		RETURN 'stale';
+	END IF;
+	UPDATE attempts t SET lookup_holder = p_holder, lookup_until = ts + p_lease_us * interval '1 microsecond'
+	WHERE t.id = p_attempt;
+	RETURN 'ok';
+END $$;
+
+-- settle_lookup records what p_holder's lookup of the unknown attempt
+-- p_attempt found, as one more try with status p_status, and releases the
+-- lease (fsm.SettleLookup). A found answer (p_found: the provider's status,
+-- header and body) completes the job with it, the attempt succeeding,
+-- unless a result won meanwhile: then the attempt is lost. An absent one
+-- fails the attempt, and the job when nothing else blocks it. Anything
+-- else leaves the attempt unknown, its next lookup due after p_retry_us.
+-- The reasons recorded come from the caller (ledger.ReasonAbsent,
+-- ledger.ReasonLookupLost). A repeat by the holder, its lease released,
+-- is 'ok'.
+CREATE FUNCTION {{fn}}.settle_lookup(p_job uuid, p_attempt uuid, p_holder text, p_status integer,
+	p_found boolean, p_found_status integer, p_found_header bytea, p_found_body bytea,
+	p_absent boolean, p_retry_us bigint, p_absent_reason text, p_lost_reason text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+	j jobs%ROWTYPE;
+	a attempts%ROWTYPE;
+	ts timestamptz;
+	settles boolean := p_found OR p_absent;
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	IF j.id IS NULL THEN
+		RETURN 'not_found';
+	END IF;
+	ts := clock_timestamp();
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
+	IF NOT FOUND THEN
+		RETURN 'not_found';
+	ELSIF a.lookup_holder <> p_holder THEN
+		RETURN 'stale';
+	ELSIF a.lookup_until IS NULL THEN
+		RETURN 'ok'; -- a repeat: this holder's lookup was recorded
+	ELSIF a.state <> 'unknown' OR a.lookup_until <= ts THEN
+		RETURN 'stale';
+	END IF;
+	UPDATE attempts t SET lookup_tries = t.lookup_tries + 1, lookup_last_status = p_status,
+		lookup_last_at = ts, lookup_until = NULL, lookup_settled = settles,
+		lookup_next_at = CASE WHEN settles THEN t.lookup_next_at ELSE ts + p_retry_us * interval '1 microsecond' END
+	WHERE t.id = p_attempt;
+	IF p_found AND j.completed_by IS NULL THEN
+		UPDATE jobs t SET state = 'completed', version = t.version + 1, completed_by = p_attempt,
+			completed_at = ts, expires_at = ts + t.retention, lease_until = NULL,
+			response_status = p_found_status, response_header = p_found_header, response_body = p_found_body,
+			response_size = octet_length(p_found_body), response_stored = true
+		WHERE t.id = p_job;
+		UPDATE attempts t SET state = 'succeeded', error = NULL, finished_at = ts WHERE t.id = p_attempt;
+		PERFORM {{fn}}.notify_job(p_job);
+	ELSIF p_found THEN
+		UPDATE attempts t SET state = 'lost', error = p_lost_reason, finished_at = ts WHERE t.id = p_attempt;
+	ELSIF p_absent THEN
+		UPDATE attempts t SET state = 'failed', error = p_absent_reason, finished_at = ts WHERE t.id = p_attempt;
+		PERFORM {{fn}}.after_failure(p_job, p_attempt, ts);
+	END IF;
+	RETURN 'ok';
 END $$;
 
 -- resolve settles a job out of band: cancel, or complete with the admin

@@ -14,6 +14,7 @@ import (
 var released = map[int]string{
 	3: "38194d1bcedd3e8b5e51ec31899d6eaf7ac0bd78b8de7c31ab02f89a3d0b42c7",
 	4: "e9018e160f6dc7c6a4b540ca538789388f124d263b3121fc34fc35200c57aa91",
+	5: "f30f86b5ab51d07a6c8c2a06c62e9da1f37b64e39f4a6d1df8a0e9568e9e6ee9",
 }
 
 func TestFunctionsVersion(t *testing.T) {
@@ -44,12 +45,12 @@ func TestFunctionsSQL(t *testing.T) {
 		t.Fatal("no functions found")
 	}
 	for _, c := range created {
-		if c[1] != `"onejob_fn4"` {
+		if c[1] != `"onejob_fn5"` {
 			t.Errorf("function %s is created in %s, not in the functions' schema", c[2], c[1])
 		}
 		calls := regexp.MustCompile(`([\w".]*)\b`+c[2]+`\(`).FindAllStringSubmatch(sql, -1)
 		for _, call := range calls {
-			if call[1] != `"onejob_fn4".` {
+			if call[1] != `"onejob_fn5".` {
 				t.Errorf("%s is called as %q: name the functions' schema", c[2], call[0])
 			}
 		}
@@ -57,7 +58,7 @@ func TestFunctionsSQL(t *testing.T) {
 }
 
 func TestSchemaNameLength(t *testing.T) {
-	long := strings.Repeat("s", maxIdentifier-len("_fn4")+1)
+	long := strings.Repeat("s", maxIdentifier-len("_fn5")+1)
 	_, err := Open(context.Background(), "postgres://127.0.0.1:1/none", Options{Schema: long})
 	if err == nil || !strings.Contains(err.Error(), "too long") {
 		t.Errorf("Open with a %d-byte schema: err = %v, want too long", len(long), err)

@@ -74,21 +74,33 @@ func TestPostgresConformance(t *testing.T) {
 	})
 }
 
-// countingTracer counts the queries sent to the server: one per round trip
-// for these single-statement calls.
+// countingTracer counts the queries and batches sent to the server: one
+// per round trip for these calls, whose statements are prepared already.
 type countingTracer struct {
 	mu sync.Mutex
 	n  int
 }
 
-func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *countingTracer) count(ctx context.Context) context.Context {
 	c.mu.Lock()
 	c.n++
 	c.mu.Unlock()
 	return ctx
 }
 
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return c.count(ctx)
+}
+
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return c.count(ctx)
+}
+
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (c *countingTracer) take() int {
 	c.mu.Lock()
@@ -275,5 +287,93 @@ func TestListenerReconnects(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("second waiter was not woken")
+	}
+}
+
+// TestLookupLost: a lookup that finds the provider acted after another
+// result won records the attempt lost and leaves the winner's answer; each
+// lookup transition is one round trip and returns the job as Job reads it.
+func TestLookupLost(t *testing.T) {
+	tr := &countingTracer{}
+	l, err := Open(context.Background(), dsn(t), Options{Schema: newSchema(t), Tracer: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p := ledger.ReserveParams{
+		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NewAttempt("p", 300*time.Millisecond),
+	}.WithNewIDs()
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := r.Attempt.Ref()
+	if err := l.MarkUnknown(ctx, ref, "attempt_timeout"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		j, err := l.Job(ctx, r.Job.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !j.ReadAt.Before(r.Attempt.Deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Claims and settlements run their statements prepared, as after the
+	// first call of each.
+	if _, err := l.ClaimLookup(ctx, ref, "r1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	tr.take()
+	j, err := l.ClaimLookup(ctx, ref, "r1", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.take(); n != 1 {
+		t.Errorf("a claim took %d round trips, want 1", n)
+	}
+	if lk := j.Attempts[0].Lookup; lk.Holder != "r1" || !lk.Until.After(j.ReadAt) || j.ReadAt.IsZero() {
+		t.Errorf("the claimed attempt: %+v, read at %v", lk, j.ReadAt)
+	}
+
+	// A re-send wins meanwhile.
+	resend, err := l.Resend(ctx, ref, ledger.NewAttempt("q", time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := l.Complete(ctx, resend.Ref(), ledger.Response{Status: 200, Body: []byte("re-sent"), Size: 7, Stored: true}); err != nil || !c.Won {
+		t.Fatalf("the re-send's result: %+v %v", c, err)
+	}
+	found := &ledger.Response{Status: 200, Body: []byte("the provider's record")}
+	if _, err := l.SettleLookup(ctx, ref, "r2", ledger.LookupResult{Status: 200, Found: found}); err == nil {
+		t.Fatal("settled by a holder without the lease")
+	}
+	tr.take()
+	j, err = l.SettleLookup(ctx, ref, "r1", ledger.LookupResult{Status: 200, Found: found})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.take(); n != 1 {
+		t.Errorf("a settlement took %d round trips, want 1", n)
+	}
+	a := j.Attempts[0]
+	if a.State != ledger.AttemptLost || a.Error != ledger.ReasonLookupLost || !a.Lookup.Settled || a.Lookup.Tries != 1 ||
+		a.Lookup.LastStatus != 200 || !a.Lookup.Until.IsZero() || a.Lookup.LastAt.IsZero() || a.Reconciled(j) != "lookup" {
+		t.Errorf("the attempt a lookup found acted after another result won: %+v", a)
+	}
+	if j.State != ledger.JobCompleted || j.CompletedBy != resend.ID || string(j.Response.Body) != "re-sent" {
+		t.Errorf("the job after the lookup: %s by %s, %q", j.State, j.CompletedBy, j.Response.Body)
+	}
+	again, err := l.SettleLookup(ctx, ref, "r1", ledger.LookupResult{Status: 200, Found: found})
+	if err != nil || again.Attempts[0].Lookup != a.Lookup || again.Version != j.Version {
+		t.Errorf("a repeat of the settlement: %+v %v", again, err)
+	}
+	if read, err := l.Job(ctx, r.Job.ID); err != nil || read.Attempts[0].Lookup != a.Lookup || read.Attempts[0].Error != a.Error {
+		t.Errorf("Job reads the attempt as %+v (%v), the settlement returned %+v", read.Attempts[0], err, a)
 	}
 }

@@ -24,7 +24,8 @@ const jobColumns = `id, owner_hash, key_hash, fingerprint, fingerprint_version, 
 const effectiveState = `CASE WHEN state = 'pending' AND completed_by IS NULL
 	AND (lease_until IS NULL OR lease_until <= clock_timestamp()) THEN 'unknown' ELSE state END`
 
-const attemptColumns = `id, job_id, number, provider, state, job_version, started_at, deadline, finished_at, coalesce(error, ''), resend`
+const attemptColumns = `id, job_id, number, provider, state, job_version, started_at, deadline, finished_at, coalesce(error, ''), resend,
+	lookup_tries, lookup_last_status, lookup_last_at, lookup_next_at, lookup_settled, lookup_holder, lookup_until`
 
 // scanJob reads the jobColumns of a row, then extra columns into extra.
 func scanJob(row pgx.Row, extra ...any) (*ledger.Job, time.Time, error) {
@@ -59,13 +60,17 @@ func scanJob(row pgx.Row, extra ...any) (*ledger.Job, time.Time, error) {
 
 func scanAttempt(rows pgx.CollectableRow) (ledger.Attempt, error) {
 	var (
-		a        ledger.Attempt
-		state    string
-		finished pgtype.Timestamptz
+		a                     ledger.Attempt
+		state                 string
+		finished              pgtype.Timestamptz
+		lastAt, nextAt, until pgtype.Timestamptz
 	)
-	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error, &a.Resend)
+	lk := &a.Lookup
+	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error, &a.Resend,
+		&lk.Tries, &lk.LastStatus, &lastAt, &nextAt, &lk.Settled, &lk.Holder, &until)
 	a.State = ledger.AttemptState(state)
 	a.FinishedAt = timeOf(finished)
+	lk.LastAt, lk.NextAt, lk.Until = timeOf(lastAt), timeOf(nextAt), timeOf(until)
 	return a, err
 }
 
@@ -109,13 +114,18 @@ func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
 }
 
 // attemptsJSON is the job's attempts as one JSON array, oldest first,
-// times in microseconds since the epoch: Find reads them in the job's row.
+// times in microseconds since the epoch: Find and the lookups read them in
+// the job's row.
 const attemptsJSON = `(SELECT coalesce(json_agg(json_build_object(
 		'id', a.id, 'number', a.number, 'provider', a.provider, 'state', a.state,
 		'job_version', a.job_version, 'started_at', (extract(epoch FROM a.started_at) * 1000000)::int8,
 		'deadline', (extract(epoch FROM a.deadline) * 1000000)::int8,
 		'finished_at', (extract(epoch FROM a.finished_at) * 1000000)::int8, 'error', coalesce(a.error, ''),
-		'resend', a.resend)
+		'resend', a.resend, 'lookup_tries', a.lookup_tries, 'lookup_last_status', a.lookup_last_status,
+		'lookup_last_at', (extract(epoch FROM a.lookup_last_at) * 1000000)::int8,
+		'lookup_next_at', (extract(epoch FROM a.lookup_next_at) * 1000000)::int8,
+		'lookup_settled', a.lookup_settled, 'lookup_holder', a.lookup_holder,
+		'lookup_until', (extract(epoch FROM a.lookup_until) * 1000000)::int8)
 	ORDER BY a.number), '[]') FROM attempts a WHERE a.job_id = jobs.id)`
 
 // attemptJSON is one element of attemptsJSON.
@@ -130,6 +140,23 @@ type attemptJSON struct {
 	FinishedAt *int64 `json:"finished_at"`
 	Error      string `json:"error"`
 	Resend     bool   `json:"resend"`
+
+	LookupTries      int    `json:"lookup_tries"`
+	LookupLastStatus int    `json:"lookup_last_status"`
+	LookupLastAt     *int64 `json:"lookup_last_at"`
+	LookupNextAt     *int64 `json:"lookup_next_at"`
+	LookupSettled    bool   `json:"lookup_settled"`
+	LookupHolder     string `json:"lookup_holder"`
+	LookupUntil      *int64 `json:"lookup_until"`
+}
+
+// unixMicro is the time of a nullable count of microseconds since the
+// epoch; zero for NULL.
+func unixMicro(us *int64) time.Time {
+	if us == nil {
+		return time.Time{}
+	}
+	return time.UnixMicro(*us)
 }
 
 // Find implements ledger.Ledger: one statement, by the unique (owner_hash,
@@ -137,19 +164,34 @@ type attemptJSON struct {
 // snapshot, so the attempts are the job's even while a reservation
 // replaces an expired job in place; leases are applied in Go by that clock.
 func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
+	j, err := scanWhole(l.pool.QueryRow(ctx, wholeJob+`owner_hash = $1 AND key_hash = $2`, ownerHash, keyHash))
+	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		return nil, fmt.Errorf("postgres ledger: find: %w", err)
+	}
+	return j, err
+}
+
+// wholeJob reads an unexpired job with its body and attempts (attemptsJSON)
+// in one row; the condition that picks the job follows.
+var wholeJob = fmt.Sprintf(`SELECT `+jobColumns+`, `+attemptsJSON+` FROM jobs
+	WHERE (expires_at IS NULL OR expires_at > clock_timestamp()) AND `, "response_body")
+
+// scanWhole reads a row of wholeJob: the job, its attempts and the
+// server's clock from one snapshot, so the attempts are the job's even
+// while a reservation replaces an expired job in place. Leases are applied
+// by that clock, and ReadAt is set to it, as Job reads the job.
+func scanWhole(row pgx.Row) (*ledger.Job, error) {
 	var raw []byte
-	j, now, err := scanJob(l.pool.QueryRow(ctx, fmt.Sprintf(`SELECT `+jobColumns+`, `+attemptsJSON+` FROM jobs
-		WHERE owner_hash = $1 AND key_hash = $2 AND (expires_at IS NULL OR expires_at > clock_timestamp())`,
-		"response_body"), ownerHash, keyHash), &raw)
+	j, now, err := scanJob(row, &raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ledger.ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("postgres ledger: find: %w", err)
+		return nil, err
 	}
 	var attempts []attemptJSON
 	if err := json.Unmarshal(raw, &attempts); err != nil {
-		return nil, fmt.Errorf("postgres ledger: find: attempts: %w", err)
+		return nil, fmt.Errorf("attempts: %w", err)
 	}
 	j.Attempts = make([]ledger.Attempt, len(attempts))
 	for i, a := range attempts {
@@ -157,10 +199,12 @@ func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.J
 			ID: a.ID, JobID: j.ID, Number: a.Number, Provider: a.Provider,
 			State: ledger.AttemptState(a.State), JobVersion: a.JobVersion,
 			StartedAt: time.UnixMicro(a.StartedAt), Deadline: time.UnixMicro(a.Deadline),
-			Error: a.Error, Resend: a.Resend,
-		}
-		if a.FinishedAt != nil {
-			j.Attempts[i].FinishedAt = time.UnixMicro(*a.FinishedAt)
+			FinishedAt: unixMicro(a.FinishedAt), Error: a.Error, Resend: a.Resend,
+			Lookup: ledger.Lookup{
+				Tries: a.LookupTries, LastStatus: a.LookupLastStatus,
+				LastAt: unixMicro(a.LookupLastAt), NextAt: unixMicro(a.LookupNextAt),
+				Settled: a.LookupSettled, Holder: a.LookupHolder, Until: unixMicro(a.LookupUntil),
+			},
 		}
 	}
 	fsm.ApplyLeases(j, now)

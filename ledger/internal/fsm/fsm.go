@@ -471,7 +471,7 @@ func SettleLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, r ledger.
 		finish(a, ledger.AttemptSucceeded, "", now)
 	case r.Found != nil:
 		l.Settled = true
-		finish(a, ledger.AttemptLost, "the provider's lookup found it acted after another result had won", now)
+		finish(a, ledger.AttemptLost, ledger.ReasonLookupLost, now)
 	case r.Absent:
 		l.Settled = true
 		finish(a, ledger.AttemptFailed, ledger.ReasonAbsent, now)
