@@ -108,7 +108,7 @@ func TestRedisReplicasNone(t *testing.T) {
 // url acknowledges the master's replication stream: a cluster just
 // started may still be syncing its replicas, and WAIT counts only those
 // that acknowledged.
-func replicasOnline(t *testing.T, url string) {
+func replicasOnline(t testing.TB, url string) {
 	t.Helper()
 	o, err := redis.ParseClusterURL(url)
 	if err != nil {
