@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -163,6 +164,18 @@ type RedisLedger struct {
 	// Prefix starts every key; default "onejob:". Gateways that share a
 	// ledger use the same prefix. On a cluster it must not contain braces.
 	Prefix string `json:"prefix,omitempty"`
+	// Replicas, when set, is how many replicas must hold each write of a
+	// transition before the gateway acts on it: each script is followed
+	// by WAIT on the job's master, and a transition fewer replicas
+	// acknowledged in time fails (a reservation then answers 503 and is
+	// never forwarded). Without it a reservation the master acknowledged
+	// can be lost when the master fails before replicating it. See
+	// docs/ledgers.md for what each setting promises.
+	Replicas int `json:"replicas,omitempty"`
+	// ReplicaTimeout bounds the wait for Replicas; default 1s. It must be
+	// shorter than the client's read timeout (the URL's read_timeout, 5s
+	// when the URL gives none).
+	ReplicaTimeout caddy.Duration `json:"replica_timeout,omitempty"`
 
 	LedgerHolder
 }
@@ -182,9 +195,15 @@ func (r *RedisLedger) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	opts := redisledger.Options{Prefix: r.Prefix, Replicas: r.Replicas, ReplicaTimeout: time.Duration(r.ReplicaTimeout)}
+	if err := redisledger.CheckReplicas(opts.Replicas, opts.ReplicaTimeout); err != nil {
+		return err
+	}
 	log := ctx.Logger()
-	return r.Open(ctx, "redis\x00"+raw+"\x00"+r.Prefix, dial(shown, func(octx context.Context) (ledger.Ledger, error) {
-		l, err := redisledger.Open(octx, raw, redisledger.Options{Prefix: r.Prefix})
+	// Routes that wait for different replicas never share a ledger.
+	key := fmt.Sprintf("redis\x00%s\x00%s\x00%d\x00%d", raw, r.Prefix, opts.Replicas, opts.ReplicaTimeout)
+	return r.Open(ctx, key, dial(shown, func(octx context.Context) (ledger.Ledger, error) {
+		l, err := redisledger.Open(octx, raw, opts)
 		if err == nil && l.StartError() != nil {
 			// It starts anyway: requests get 503 until the server answers.
 			log.Warn("redis ledger unreachable at start", zap.String("url", shown), zap.Error(l.StartError()))
@@ -202,12 +221,34 @@ func (r *RedisLedger) Provision(ctx caddy.Context) error {
 //	ledger redis [<url> [<prefix>]] {
 //		url <url>
 //		prefix <prefix>
+//		replicas <count>
+//		replica_timeout <duration>
 //	}
 //
-// The URL is required, on the line or in the block.
+// The URL is required, on the line or in the block; replicas and
+// replica_timeout are given in the block only.
 func (r *RedisLedger) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return unmarshalSettings(d, "ledger redis <url> [<prefix>]",
-		setting{name: "url", dst: &r.URL, required: true, check: checkServerURL("redis ledger")}, setting{name: "prefix", dst: &r.Prefix})
+	err := unmarshalSettings(d, "ledger redis <url> [<prefix>]",
+		setting{name: "url", dst: &r.URL, required: true, check: checkServerURL("redis ledger")}, setting{name: "prefix", dst: &r.Prefix},
+		setting{name: "replicas", named: true, parse: func(d *caddyfile.Dispenser, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return d.Errf("replicas: invalid count %q: it must be a whole number more than 0; leave it out for none", v)
+			}
+			r.Replicas = n
+			return nil
+		}},
+		setting{name: "replica_timeout", named: true, parse: func(d *caddyfile.Dispenser, v string) (err error) {
+			r.ReplicaTimeout, err = duration(d, "replica_timeout", []string{v})
+			return err
+		}})
+	if err != nil {
+		return err
+	}
+	if err := redisledger.CheckReplicas(r.Replicas, time.Duration(r.ReplicaTimeout)); err != nil {
+		return d.WrapErr(err)
+	}
+	return nil
 }
 
 // dial is how a ledger on a server opens: within openTimeout, and an error

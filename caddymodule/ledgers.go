@@ -230,14 +230,18 @@ func guestNames(namespace string) string {
 	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
-// setting is one string setting of a guest module in a Caddyfile: its
-// subdirective, the JSON field it fills, whether it must be given, and the
-// rule its value is held to (the one Provision applies, when the value
-// can be judged before the config loads), if any.
+// setting is one setting of a guest module in a Caddyfile: its
+// subdirective, the JSON field it fills (a string, or else parse reads the
+// value into its field), whether it must be given, whether it is given by
+// name in the block only, and the rule its value is held to (the one
+// Provision applies, when the value can be judged before the config
+// loads), if any.
 type setting struct {
 	name     string
 	dst      *string
+	parse    func(d *caddyfile.Dispenser, v string) error
 	required bool
+	named    bool
 	check    func(string) error
 }
 
@@ -266,11 +270,18 @@ func unmarshalSettings(d *caddyfile.Dispenser, usage string, settings ...setting
 				return d.WrapErr(err)
 			}
 		}
-		*s.dst, given[s.name] = v, true
+		if s.parse != nil {
+			if err := s.parse(d, v); err != nil {
+				return err
+			}
+		} else {
+			*s.dst = v
+		}
+		given[s.name] = true
 		return nil
 	}
 	args := d.RemainingArgs()
-	if len(args) > len(settings) {
+	if n := slices.IndexFunc(settings, func(s setting) bool { return s.named }); len(args) > len(settings) || n >= 0 && len(args) > n {
 		return d.Errf("usage: %s", usage)
 	}
 	for i, a := range args {

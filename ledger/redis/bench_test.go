@@ -64,8 +64,43 @@ func BenchmarkLedger(b *testing.B) {
 	}
 }
 
+// BenchmarkReplicas measures what acknowledgement by a replica costs on the
+// test cluster: a fresh job (reservation and completion) without it and
+// with Replicas 1, each script then followed by the ack key's write and
+// WAIT in the same round trip. Run it as BenchmarkLedger.
+func BenchmarkReplicas(b *testing.B) {
+	url := os.Getenv("ONEJOB_TEST_REDIS_CLUSTER")
+	if url == "" {
+		b.Fatal("cluster: no address; run under integration/services.sh")
+	}
+	replicasOnline(b, url)
+	for _, c := range []struct {
+		name     string
+		replicas int
+	}{{"none", 0}, {"wait1", 1}} {
+		b.Run(c.name, func(b *testing.B) {
+			l := benchLedgerWith(b, url, Options{Prefix: "bench-replicas:" + ledger.NewID() + ":", Replicas: c.replicas})
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := range b.N {
+				r, err := l.Reserve(ctx, params("o", strconv.Itoa(i)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("x"), Size: 1, Stored: true}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 func benchLedger(b *testing.B, url, prefix string) *Ledger {
-	l, err := Open(context.Background(), url, Options{Prefix: prefix})
+	return benchLedgerWith(b, url, Options{Prefix: prefix})
+}
+
+func benchLedgerWith(b *testing.B, url string, opts Options) *Ledger {
+	l, err := Open(context.Background(), url, opts)
 	if err != nil {
 		b.Fatal(err)
 	}

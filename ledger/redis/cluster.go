@@ -141,15 +141,21 @@ func (l *Ledger) eval(ctx context.Context, s script, keys []string, args ...any)
 }
 
 func (l *Ledger) send(ctx context.Context, name, body string, keys []string, args []any) *redis.Cmd {
+	c := scriptCmd(ctx, name, body, keys, args)
+	_ = l.client.Process(ctx, onceCmd{c})
+	return c
+}
+
+// scriptCmd is the command that runs a script: name is evalsha (body the
+// digest) or eval (body the source).
+func scriptCmd(ctx context.Context, name, body string, keys []string, args []any) *redis.Cmd {
 	a := make([]any, 0, 3+len(keys)+len(args))
 	a = append(a, name, body, len(keys))
 	for _, k := range keys {
 		a = append(a, k)
 	}
 	a = append(a, args...)
-	c := redis.NewCmd(ctx, a...)
-	_ = l.client.Process(ctx, onceCmd{c})
-	return c
+	return redis.NewCmd(ctx, a...)
 }
 
 // preload loads every script into the script cache of the server (or of

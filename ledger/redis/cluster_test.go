@@ -72,6 +72,9 @@ func openCluster(t *testing.T, url, prefix string, opts Options) *Ledger {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	opts.Prefix = prefix
+	if opts.Replicas > 0 {
+		replicasOnline(t, url)
+	}
 	l, err := Open(ctx, url, opts)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
@@ -345,12 +348,20 @@ func slotOwner(t *testing.T, c *redis.ClusterClient, s int) string {
 // master under a ledger whose client still knows the old one: its
 // transitions follow MOVED and act once, a waiter on the job (whose shard
 // channel the old master drops) is woken by a peer's completion, and the
-// job lists and reads by id as before. The slot moves back at the end.
+// job lists and reads by id as before. The slot moves back at the end. It
+// runs with the cluster client's redirects, and with Replicas 1, whose
+// scripts go to the job's master by its node's client and follow the
+// redirects themselves (ack.go).
 func TestClusterSlotMigration(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { slotMigration(t, Options{}) })
+	t.Run("replicas", func(t *testing.T) { slotMigration(t, Options{Replicas: 1}) })
+}
+
+func slotMigration(t *testing.T, opts Options) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	prefix := newClusterPrefix(t)
-	l := openCluster(t, clusterURL(t), prefix, Options{})
+	l := openCluster(t, clusterURL(t), prefix, opts)
 	peer := openCluster(t, clusterURL(t), prefix, Options{})
 	admin := clusterAdmin(t)
 	p := params("o", "migrating")

@@ -65,6 +65,10 @@
 //	                                       the bucket whose state changed
 //	                                       (PUBLISH; on a cluster a shard
 //	                                       channel, SPUBLISH)
+//	<b>ack                                 string "1", written after each
+//	                                       transition when
+//	                                       Options.Replicas is set, just
+//	                                       before WAIT (ack.go)
 //
 // A job id names no bucket: the ledger remembers the bucket of every job a
 // reply showed it (the gateway's transitions follow its own reservation),
@@ -105,7 +109,9 @@
 // everysec, which can lose the last second), with an eviction policy other
 // than noeviction, or across a failover to an asynchronous replica, a
 // reservation that was acknowledged can be lost and the same key executed
-// again. Ledger.CheckDurability reports such settings (on a cluster, of
-// every master, and masters whose clocks differ by more than a second); the
-// gateway warns at start.
+// again. Options.Replicas closes part of the failover window: a transition
+// answers only once that many replicas hold its writes (WAIT), which
+// survive a failover to one of them. Ledger.CheckDurability reports such
+// settings (on a cluster, of every master, and masters whose clocks differ
+// by more than a second); the gateway warns at start.
 package redis

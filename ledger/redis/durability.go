@@ -20,7 +20,7 @@ import (
 // is judged by its master's clock). It returns nil when it found none.
 func (l *Ledger) CheckDurability(ctx context.Context) []string {
 	if l.cluster == nil {
-		return checkServer(ctx, l.client)
+		return checkServer(ctx, l.client, l.replicas)
 	}
 	var (
 		mu         sync.Mutex
@@ -29,7 +29,7 @@ func (l *Ledger) CheckDurability(ctx context.Context) []string {
 	)
 	err := l.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		addr := c.Options().Addr
-		w := checkServer(ctx, c)
+		w := checkServer(ctx, c, l.replicas)
 		now, terr := c.Time(ctx).Result()
 		mu.Lock()
 		defer mu.Unlock()
@@ -71,8 +71,9 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// checkServer checks the settings of one server.
-func checkServer(ctx context.Context, client redis.Cmdable) []string {
+// checkServer checks the settings of one server, whose writes the ledger
+// has acknowledged by wait replicas (Options.Replicas).
+func checkServer(ctx context.Context, client redis.Cmdable, wait int) []string {
 	var warn []string
 	get := func(name string) (string, error) {
 		m, err := client.ConfigGet(ctx, name).Result()
@@ -139,9 +140,16 @@ func checkServer(ctx context.Context, client redis.Cmdable) []string {
 	case role != "master":
 		warn = append(warn, fmt.Sprintf("redis ledger: the server is a replica (role %s): writes to it are refused or lost, "+
 			"and a replica promoted after a failover can lack reservations its primary acknowledged", role))
-	case replicas > 0:
+	case replicas < wait:
+		warn = append(warn, fmt.Sprintf("redis ledger: the server has %d connected replica(s) and replicas is %d: "+
+			"every transition fails (requests get 503) until %d replica(s) acknowledge its writes", replicas, wait, wait))
+	case wait > 0 && replicas > wait:
+		warn = append(warn, fmt.Sprintf("redis ledger: the server has %d connected replica(s) and replicas is %d: "+
+			"a failover to a replica that had not acknowledged a reservation yet can lose it, and its key be executed again; "+
+			"Redis does not promise to promote one that did", replicas, wait))
+	case wait == 0 && replicas > 0:
 		warn = append(warn, fmt.Sprintf("redis ledger: the server has %d connected replica(s): replication is asynchronous, "+
-			"so a failover can lose reservations the primary acknowledged and their keys be executed again", replicas))
+			"so a failover can lose reservations the primary acknowledged and their keys be executed again (replicas %d closes that window)", replicas, replicas))
 	}
 	return warn
 }

@@ -188,6 +188,7 @@ func idxKey(bp string) string          { return bp + "idx" }
 func leasesKey(bp string) string       { return bp + "leases" }
 func expiryKey(bp string) string       { return bp + "expiry" }
 func channelOf(bp string) string       { return bp + "jobs" }
+func ackKey(bp string) string          { return bp + "ack" }
 
 // identBucket returns the key prefix of the bucket of an identity.
 func (l *Ledger) identBucket(ident string) string { return l.buckets[l.bucketOf(ident)] }

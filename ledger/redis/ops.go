@@ -15,10 +15,11 @@ import (
 	"github.com/onejob/onejob/ledger/internal/near"
 )
 
-// run runs a script and returns its reply as an array with a string
-// outcome first.
+// run runs a transition's script and returns its reply as an array with a
+// string outcome first. With Options.Replicas it answers once that many
+// replicas have what the master had after the script (ack.go).
 func (l *Ledger) run(ctx context.Context, what string, s script, keys []string, args ...any) (string, []any, error) {
-	v, err := l.eval(ctx, s, keys, args...).Result()
+	v, err := l.evalAcked(ctx, s, keys, args...).Result()
 	if err != nil {
 		return "", nil, fmt.Errorf("redis ledger: %s: %w", what, err)
 	}

@@ -49,7 +49,7 @@ func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats
 			args[bp] = append(args[bp], j.ID)
 		}
 		for bp := range keys {
-			v, err := l.eval(ctx, l.scripts.purge, keys[bp], args[bp]...).Result()
+			v, err := l.evalAcked(ctx, l.scripts.purge, keys[bp], args[bp]...).Result()
 			if err != nil {
 				return st, fmt.Errorf("redis ledger: purge: %w", err)
 			}

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -27,6 +29,17 @@ type Options struct {
 	// Gateways that share a ledger use the same prefix. On Redis Cluster
 	// it must not contain braces.
 	Prefix string
+	// Replicas, when more than 0, is how many replicas must acknowledge a
+	// transition's writes before it answers: each script that writes is
+	// followed by WAIT on the master that ran it, and a transition fewer
+	// replicas acknowledged within ReplicaTimeout fails (it ran on the
+	// master, but a failover could lose it). 0 acknowledges what the
+	// master alone has, as Redis replicates asynchronously.
+	Replicas int
+	// ReplicaTimeout bounds the wait for Replicas; DefaultReplicaTimeout
+	// when 0. It must be shorter than the client's read timeout (the URL's
+	// read_timeout, 5s when the URL gives none).
+	ReplicaTimeout time.Duration
 
 	// buckets, when not 0, lays a single server's keys out in that many
 	// buckets, as on a cluster (tests run the bucketed layout on miniredis
@@ -54,6 +67,10 @@ type Ledger struct {
 	replays *near.Cache
 	// counts is the walk of Counts (counts.go).
 	counts countWalk
+	// replicas and replicaTimeout are Options.Replicas and ReplicaTimeout
+	// (ack.go).
+	replicas       int
+	replicaTimeout time.Duration
 	// startErr is why the scripts could not be loaded at Open, the server
 	// being out of reach then (see StartError).
 	startErr error
@@ -71,9 +88,18 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
+	if err := CheckReplicas(opts.Replicas, opts.ReplicaTimeout); err != nil {
+		return nil, err
+	}
+	wait := cmp.Or(opts.ReplicaTimeout, DefaultReplicaTimeout)
 	client, cluster, err := connect(ctx, url, opts.dial)
 	if err != nil {
 		return nil, fmt.Errorf("redis ledger: %w", err)
+	}
+	if rt := readTimeout(client); opts.Replicas > 0 && rt > 0 && wait >= rt {
+		client.Close()
+		return nil, fmt.Errorf("redis ledger: replica timeout %v is not shorter than the client's read timeout %v (read_timeout in the URL): "+
+			"WAIT's answer would be taken for a lost reply", wait, rt)
 	}
 	n, publish := opts.buckets, "PUBLISH"
 	if cluster != nil {
@@ -84,7 +110,7 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 		n, publish = clusterBuckets, "SPUBLISH"
 	}
 	l := &Ledger{client: client, cluster: cluster, prefix: prefix, buckets: newBuckets(prefix, n),
-		scripts: scriptsFor(publish), replays: near.New(10000, 64<<20)}
+		scripts: scriptsFor(publish), replays: near.New(10000, 64<<20), replicas: opts.Replicas, replicaTimeout: wait}
 	if err := l.preload(ctx); err != nil {
 		// A server that answered with an error (a password, a digest) is
 		// a mistake to refuse now. One out of reach is not: a gateway
@@ -108,6 +134,17 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 		l.listen = ledger.NewSubscriber(pubsub.Session(client, channels...), nil)
 	}
 	return l, nil
+}
+
+// readTimeout returns the read timeout of client's connections, 0 for none.
+func readTimeout(client redis.UniversalClient) time.Duration {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		return c.Options().ReadTimeout
+	}
+	return 0
 }
 
 // StartError says why Open could not load the scripts, the server being out
