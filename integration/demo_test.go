@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // startDemo runs Caddyfile.example through the built binary, as the
@@ -29,7 +30,7 @@ func startDemo(t *testing.T) (g *gateway, ports map[string]int) {
 	}
 	ports = map[string]int{}
 	pairs := []string{" examples/", " " + examples + "/"}
-	for _, p := range []string{":8080", ":9090", ":9091", ":9092", ":9093", ":2019"} {
+	for _, p := range []string{":8080", ":9090", ":9091", ":9092", ":9093", ":9094", ":9095", ":2019"} {
 		if !strings.Contains(string(raw), p) {
 			t.Fatalf("Caddyfile.example no longer uses port %s: update this test", p)
 		}
@@ -117,4 +118,73 @@ func TestModelDemo(t *testing.T) {
 	if r := g.post(t, "/charges", "order-1", "", `{"amount":42}`); r.body != ch.body || r.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("charge replay: %v", r)
 	}
+}
+
+// demoCharge is a charge as the demo payments API answers it.
+type demoCharge struct {
+	ID             string `json:"id"`
+	Path           string `json:"path"`
+	IdempotencyKey string `json:"idempotency_key"`
+	JobID          string `json:"job_id"`
+	Attempt        int    `json:"attempt"`
+}
+
+// TestReconcileDemo: the payments routes of Caddyfile.example, as the
+// README's tour uses them. The deduplicating provider loses its first
+// answer after charging, and the gateway's re-send within the request
+// gets the charge: one 201, one charge. The slow provider answers after
+// the attempt timed out (504, unknown), and after the attempt's deadline
+// the lookup finds the charge and completes the job by itself.
+func TestReconcileDemo(t *testing.T) {
+	g, ports := startDemo(t)
+
+	r := g.post(t, "/payments/order-4", "order-4", "", `{"amount":42}`)
+	job := r.header.Get("Idempotency-Job-Id")
+	var c demoCharge
+	if r.status != http.StatusCreated || json.Unmarshal([]byte(r.body), &c) != nil ||
+		c.ID != "ch_1" || c.IdempotencyKey != job || c.JobID != job || c.Attempt != 1 {
+		t.Fatalf("payment: %v", r)
+	}
+	j := g.job(t, job)
+	if j.State != "completed" || len(j.Attempts) != 2 || j.Attempts[0].State != "unknown" ||
+		j.Attempts[1].State != "succeeded" || !j.Attempts[1].Resend ||
+		j.Attempts[1].Reconciled == nil || *j.Attempts[1].Reconciled != "resend" {
+		t.Errorf("payment job: %+v", j)
+	}
+	if again := g.post(t, "/payments/order-4", "order-4", "", `{"amount":42}`); again.body != r.body ||
+		again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("payment replay: %v", again)
+	}
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/charges", ports[":9094"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made struct{ Charges []demoCharge }
+	err = json.NewDecoder(resp.Body).Decode(&made)
+	resp.Body.Close()
+	if err != nil || len(made.Charges) != 1 || made.Charges[0] != c {
+		t.Errorf("the provider's charges: %+v (%v), want only %+v", made.Charges, err, c)
+	}
+
+	start := time.Now()
+	slow := g.post(t, "/slow-payments/order-5", "order-5", "", `{"amount":7}`)
+	job = slow.header.Get("Idempotency-Job-Id")
+	if slow.status != http.StatusGatewayTimeout || job == "" || time.Since(start) > 4*time.Second {
+		t.Fatalf("slow payment after %v: %v", time.Since(start), slow)
+	}
+	if busy := g.post(t, "/slow-payments/order-5", "order-5", "", `{"amount":7}`); busy.status != http.StatusConflict {
+		t.Errorf("a retry before the lookup: %v, want 409", busy)
+	}
+	eventually(t, "the lookup completes the slow payment", func() bool { return g.job(t, job).State == "completed" })
+	j = g.job(t, job)
+	if a := j.Attempts[0]; len(j.Attempts) != 1 || a.State != "succeeded" || a.Reconciled == nil || *a.Reconciled != "lookup" {
+		t.Errorf("slow payment job: %+v", j)
+	}
+	retry := g.post(t, "/slow-payments/order-5", "order-5", "", `{"amount":7}`)
+	if retry.status != http.StatusOK || json.Unmarshal([]byte(retry.body), &c) != nil ||
+		c.ID != "ch_1" || c.IdempotencyKey != "order-5" || c.JobID != job || c.Attempt != 1 ||
+		retry.header.Get("Idempotency-Reconciled") != "lookup" || retry.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the retry after the lookup: %v", retry)
+	}
+	t.Logf("settled by lookup %v after the payment", time.Since(start).Round(time.Second/10))
 }

@@ -1,7 +1,8 @@
 // Command caddy is Caddy with its standard modules and the onejob
 // idempotency gateway, imported as a plugin (package onejob), as xcaddy
 // would build it, and the demo modules Caddyfile.example uses (the demo
-// model, package demomodel), which the plugin never has.
+// model, package demomodel, and the demo payments API, package
+// demopayments), which the plugin never has.
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 
 	_ "github.com/onejob/onejob"
 	_ "github.com/onejob/onejob/cmd/caddy/demomodel"
+	_ "github.com/onejob/onejob/cmd/caddy/demopayments"
 )
 
 func main() {
