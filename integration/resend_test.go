@@ -5,6 +5,8 @@ package integration
 import (
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -141,6 +143,49 @@ func TestResendOnClientRetry(t *testing.T) {
 		}
 		if j := g.job(t, job); j.State != "completed" {
 			t.Errorf("job %s, want completed", j.State)
+		}
+	})
+}
+
+// TestResendInProgressAnswers: a re-send answered 409, 425, 429 or 503 says
+// the original may still be running or was not taken: the re-send failed,
+// the job stays unknown, the client gets 409 outcome-unknown, and nothing
+// fails over or runs again.
+func TestResendInProgressAnswers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		u := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+			if n == 1 {
+				select { // past attempt_timeout: unknown
+				case <-release:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			status, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/charges/"))
+			w.WriteHeader(status)
+		})
+		g := startGateway(t, b, dedupSite(u.addr(), "attempt_timeout 300ms"))
+		for _, status := range []int{409, 425, 429, 503} {
+			path, key := fmt.Sprintf("/charges/%d", status), fmt.Sprintf("ip-%d", status)
+			first := g.post(t, path, key, auth, `{}`)
+			job := first.header.Get("Idempotency-Job-Id")
+			if first.status != http.StatusGatewayTimeout {
+				t.Fatalf("%d: first %v", status, first)
+			}
+			r := g.post(t, path, key, auth, `{}`)
+			if r.status != http.StatusConflict || !strings.Contains(r.body, "outcome-unknown") {
+				t.Errorf("the retry whose re-send got %d: %v", status, r)
+			}
+			j := g.job(t, job)
+			if j.State != "unknown" || len(j.Attempts) != 2 || j.Attempts[0].State != "unknown" ||
+				j.Attempts[1].State != "failed" || !j.Attempts[1].Resend {
+				t.Errorf("after a re-send answered %d the job is %+v", status, j)
+			}
+			if n := u.count(job); n != 2 {
+				t.Errorf("%d: the provider saw the job %d times, want 2", status, n)
+			}
 		}
 	})
 }
