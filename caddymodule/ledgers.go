@@ -94,14 +94,7 @@ func newShared(key string, l ledger.Ledger, log *zap.Logger) *shared {
 
 func (s *shared) sweep(ctx context.Context, log *zap.Logger, every time.Duration) {
 	defer close(s.done)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	everyTick(ctx, every, func() {
 		for {
 			sctx, cancel := context.WithTimeout(ctx, time.Minute)
 			st, err := s.Ledger.Sweep(sctx, sweepBatch)
@@ -110,16 +103,31 @@ func (s *shared) sweep(ctx context.Context, log *zap.Logger, every time.Duration
 				if ctx.Err() == nil {
 					log.Error("ledger sweep failed", zap.Error(err))
 				}
-				break
+				return
 			}
 			if st.Unknown > 0 || st.Removed > 0 {
 				log.Info("ledger swept", zap.Int("leases_expired", st.Unknown), zap.Int("jobs_removed", st.Removed))
 			}
 			if st.Removed < sweepBatch {
 				s.swept() // a whole pass: nothing due is left
-				break
+				return
 			}
 		}
+	})
+}
+
+// everyTick calls fn every interval, the first time one interval from now,
+// until ctx ends: the loop of the gateway's background work.
+func everyTick(ctx context.Context, every time.Duration, fn func()) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fn()
 	}
 }
 

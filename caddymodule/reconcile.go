@@ -51,18 +51,7 @@ type reconciler struct {
 
 // start runs the reconciler until ctx ends.
 func (rc *reconciler) start(ctx context.Context) {
-	go func() {
-		t := time.NewTicker(rc.every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			rc.round(ctx)
-		}
-	}()
+	go everyTick(ctx, rc.every, func() { rc.round(ctx) })
 }
 
 // round looks up every unknown attempt that is due, provider by provider.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -50,16 +49,7 @@ var dedupNames = [numDedupBehaviours]string{
 	dedupResetBefore: "reset before read", dedupResetAfter: "reset after the work", dedupStall: "stall",
 }
 
-func pickDedup() dedupBehaviour {
-	n := rand.IntN(100)
-	for b := range numDedupBehaviours {
-		if n < dedupWeights[b] {
-			return b
-		}
-		n -= dedupWeights[b]
-	}
-	return dedupFast
-}
+func pickDedup() dedupBehaviour { return pick[dedupBehaviour](dedupWeights[:]) }
 
 // dedupCharge is the provider's record of one key.
 type dedupCharge struct {

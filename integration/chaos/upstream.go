@@ -62,15 +62,19 @@ var weights = [numBehaviours]int{
 	stall:           3,
 }
 
-func pickBehaviour() behaviour {
+func pickBehaviour() behaviour { return pick[behaviour](weights[:]) }
+
+// pick returns an index of weights drawn by its weight, in percent; the
+// first when the weights add up to less and the draw falls past them.
+func pick[B ~int](weights []int) B {
 	n := rand.IntN(100)
-	for b := range numBehaviours {
-		if n < weights[b] {
-			return b
+	for b, w := range weights {
+		if n < w {
+			return B(b)
 		}
-		n -= weights[b]
+		n -= w
 	}
-	return answerFast
+	return 0
 }
 
 // arrival is one request the upstream's handler received. It is an
