@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ type config struct {
 	wrk, pgbench     string
 	dir, work        string // this directory (scripts), a scratch directory
 	postgres, redis  string
+	redisCluster     string
 	profiles         string // where the profiles of the fresh series go; "" for none
 	duration, warmup time.Duration
 	reps             int
@@ -52,6 +54,7 @@ func main() {
 	flag.StringVar(&cfg.pgbench, "pgbench", "pgbench", "the pgbench binary")
 	flag.StringVar(&cfg.postgres, "postgres", os.Getenv("ONEJOB_TEST_POSTGRES"), "PostgreSQL URL")
 	flag.StringVar(&cfg.redis, "redis", os.Getenv("ONEJOB_TEST_REDIS"), "Redis URL")
+	flag.StringVar(&cfg.redisCluster, "redis-cluster", os.Getenv("ONEJOB_TEST_REDIS_CLUSTER"), "Redis Cluster URL (\"\": skip the cluster's series)")
 	flag.StringVar(&cfg.profiles, "profiles", "", "save CPU and allocation profiles of the gateway under each fresh series in this directory (\"\": none)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each measured run")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "length of the unmeasured run before a series")
@@ -91,6 +94,7 @@ func main() {
 	results := runSeries(cfg, up)
 	printTable(os.Stdout, results)
 	printLedgerTimes(os.Stdout, results)
+	printRedisLoad(os.Stdout, results)
 	printProfiles(os.Stdout, cfg.profiles, results)
 	if cfg.waiters > 0 && cfg.only.MatchString("waiters") {
 		if err := benchWaiters(cfg, os.Stdout); err != nil {
@@ -140,7 +144,8 @@ type result struct {
 	// Mean ledger time per request, by operation, from the gateway's
 	// caddy_idempotency_ledger_seconds (fresh series).
 	reserve, complete time.Duration
-	profile           *profile // fresh series with -profiles
+	profile           *profile   // fresh series with -profiles
+	redis             *redisLoad // fresh series on Redis: the load on each master
 }
 
 // series describes what one row of the table measures.
@@ -152,6 +157,7 @@ type series struct {
 	baseline string
 	target   float64
 	extraCPU time.Duration
+	redis    string // the Redis URL of the ledger, for fresh series whose load on it is measured
 }
 
 func runSeries(cfg config, up *upstream) []result {
@@ -176,8 +182,16 @@ func runSeries(cfg config, up *upstream) []result {
 		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond"},
 		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_reverse_proxy"},
 		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: 0.7},
-		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy"},
+		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", redis: cfg.redis},
 		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond"},
+	}
+	// The same two series on the cluster, next to the single server's.
+	if cfg.redisCluster != "" {
+		list = append(list,
+			series{name: "redis-cluster_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_fresh", redis: cfg.redisCluster},
+			series{name: "redis-cluster_replay", mode: "replay", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_replay"})
+	} else if cfg.only.MatchString("redis-cluster_fresh") {
+		log.Printf("no Redis Cluster (-redis-cluster, ONEJOB_TEST_REDIS_CLUSTER): skipping its series")
 	}
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
 	var results []result
@@ -204,7 +218,7 @@ func runSeries(cfg config, up *upstream) []result {
 		r.name, r.peakRSS = s.name, m.peak
 		r.baseline, r.target, r.extraCPU = s.baseline, s.target, s.extraCPU
 		r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
-		r.profile = m.profile
+		r.profile, r.redis = m.profile, m.redis
 		log.Printf("%-22s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
 		results = append(results, r)
 	}
@@ -217,6 +231,7 @@ type measured struct {
 	peak    int64                    // the server's peak RSS over the measured runs
 	ops     map[string]time.Duration // mean ledger time per request, by operation
 	profile *profile                 // with -profiles, for fresh series
+	redis   *redisLoad               // for fresh series on Redis
 }
 
 // measure starts a server for the series, warms it up (which also creates
@@ -238,7 +253,20 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), 64); err != nil {
 		return m, err
 	}
+	ctx := context.Background()
+	var masters []*master
+	var redisBefore []masterStats
+	if s.redis != "" && s.mode == "fresh" {
+		if masters, err = redisMasters(ctx, s.redis); err != nil {
+			return m, fmt.Errorf("the Redis masters: %v", err)
+		}
+		defer closeMasters(masters)
+		if redisBefore, err = snapshot(ctx, masters); err != nil {
+			return m, err
+		}
+	}
 	before, rtBefore := ledgerTimes(srv.admin), readRuntime(srv.admin)
+	start := time.Now()
 	var requests int64
 	for rep := 0; rep < cfg.reps; rep++ {
 		hits, cpu := up.hits.Load(), srv.cpu()
@@ -261,6 +289,14 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 		}
 		m.samples = append(m.samples, smp)
 		requests += smp.requests
+	}
+	wall := time.Since(start)
+	if masters != nil {
+		after, err := snapshot(ctx, masters)
+		if err != nil {
+			return m, err
+		}
+		m.redis = newRedisLoad(masters, redisBefore, after, requests, wall)
 	}
 	m.ops = map[string]time.Duration{}
 	after, rtAfter := ledgerTimes(srv.admin), readRuntime(srv.admin)
