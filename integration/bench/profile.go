@@ -73,25 +73,26 @@ func profileSeries(cfg config, srv *server, name, prefix string) (*profile, erro
 		}
 	}
 	p.rps = r.s.rps
+	// Each profile by flat (the function's own) and by cum (with what it
+	// calls); the CPU's once more by cum among onejob's own functions
+	// only, as Caddy's and net/http's frames head the full list.
 	var top strings.Builder
-	for _, v := range []struct{ title, file string }{
-		{"CPU", p.cpu},
-		{"allocations (bytes)", p.mem},
+	for _, v := range []struct {
+		title, file string
+		args        []string
+	}{
+		{"CPU, by flat", p.cpu, nil},
+		{"CPU, by cum", p.cpu, []string{"-cum"}},
+		{"CPU, by cum, onejob's functions", p.cpu, []string{"-cum", "-show=^github.com/onejob/"}},
+		{"allocations (bytes), by flat", p.mem, []string{"-sample_index=alloc_space"}},
+		{"allocations (bytes), by cum", p.mem, []string{"-sample_index=alloc_space", "-cum"}},
 	} {
-		for _, order := range []string{"flat", "cum"} {
-			args := []string{"tool", "pprof", "-top", "-nodecount=15"}
-			if order == "cum" {
-				args = append(args, "-cum")
-			}
-			if v.file == p.mem {
-				args = append(args, "-sample_index=alloc_space")
-			}
-			out, err := exec.Command("go", append(args, v.file)...).CombinedOutput()
-			if err != nil {
-				return nil, fmt.Errorf("go tool pprof %s: %v\n%s", v.file, err, out)
-			}
-			fmt.Fprintf(&top, "  %s, by %s:\n%s", v.title, order, indent(trimPprofHeader(string(out))))
+		args := append([]string{"tool", "pprof", "-top", "-nodecount=15"}, v.args...)
+		out, err := exec.Command("go", append(args, v.file)...).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("go tool pprof %s: %v\n%s", v.file, err, out)
 		}
+		fmt.Fprintf(&top, "  %s:\n%s", v.title, indent(trimPprofHeader(string(out))))
 	}
 	p.top = top.String()
 	if err := os.WriteFile(filepath.Join(cfg.profiles, name+".top.txt"), []byte(p.top), 0o644); err != nil {
