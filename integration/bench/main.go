@@ -253,6 +253,10 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), 64); err != nil {
 		return m, err
 	}
+	// The metrics are read before the Redis masters' stats and after them
+	// below: a scrape may have the ledger count its jobs, which would show
+	// as Redis calls of the runs.
+	before, rtBefore := ledgerTimes(srv.admin), readRuntime(srv.admin)
 	ctx := context.Background()
 	var masters []*master
 	var redisBefore []masterStats
@@ -265,7 +269,6 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 			return m, err
 		}
 	}
-	before, rtBefore := ledgerTimes(srv.admin), readRuntime(srv.admin)
 	start := time.Now()
 	var requests int64
 	for rep := 0; rep < cfg.reps; rep++ {
