@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -27,6 +28,8 @@ type config struct {
 	wrk, pgbench     string
 	dir, work        string // this directory (scripts), a scratch directory
 	postgres, redis  string
+	redisCluster     string
+	profiles         string // where the profiles of the fresh series go; "" for none
 	duration, warmup time.Duration
 	reps             int
 	connections      int
@@ -51,6 +54,8 @@ func main() {
 	flag.StringVar(&cfg.pgbench, "pgbench", "pgbench", "the pgbench binary")
 	flag.StringVar(&cfg.postgres, "postgres", os.Getenv("ONEJOB_TEST_POSTGRES"), "PostgreSQL URL")
 	flag.StringVar(&cfg.redis, "redis", os.Getenv("ONEJOB_TEST_REDIS"), "Redis URL")
+	flag.StringVar(&cfg.redisCluster, "redis-cluster", os.Getenv("ONEJOB_TEST_REDIS_CLUSTER"), "Redis Cluster URL (\"\": skip the cluster's series)")
+	flag.StringVar(&cfg.profiles, "profiles", "", "save CPU and allocation profiles of the gateway under each fresh series in this directory (\"\": none)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each measured run")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "length of the unmeasured run before a series")
 	flag.IntVar(&cfg.reps, "reps", 3, "measured runs per series (the median is reported)")
@@ -64,6 +69,16 @@ func main() {
 		log.Fatal("bench: -gateway and -plain are required (run ./integration/bench/run.sh)")
 	}
 	cfg.only = regexp.MustCompile(*only)
+	if cfg.profiles != "" {
+		if err := os.MkdirAll(cfg.profiles, 0o755); err != nil {
+			log.Fatal(err)
+		}
+		abs, err := filepath.Abs(cfg.profiles)
+		if err != nil {
+			log.Fatal(err)
+		}
+		cfg.profiles = abs
+	}
 	exe, _ := os.Getwd()
 	cfg.dir = filepath.Join(exe, "integration", "bench")
 	if _, err := os.Stat(filepath.Join(cfg.dir, "request.lua")); err != nil {
@@ -79,6 +94,8 @@ func main() {
 	results := runSeries(cfg, up)
 	printTable(os.Stdout, results)
 	printLedgerTimes(os.Stdout, results)
+	printRedisLoad(os.Stdout, results)
+	printProfiles(os.Stdout, cfg.profiles, results)
 	if cfg.waiters > 0 && cfg.only.MatchString("waiters") {
 		if err := benchWaiters(cfg, os.Stdout); err != nil {
 			log.Fatal(err)
@@ -127,6 +144,8 @@ type result struct {
 	// Mean ledger time per request, by operation, from the gateway's
 	// caddy_idempotency_ledger_seconds (fresh series).
 	reserve, complete time.Duration
+	profile           *profile   // fresh series with -profiles
+	redis             *redisLoad // fresh series on Redis: the load on each master
 }
 
 // series describes what one row of the table measures.
@@ -138,6 +157,7 @@ type series struct {
 	baseline string
 	target   float64
 	extraCPU time.Duration
+	redis    string // the Redis URL of the ledger, for fresh series whose load on it is measured
 }
 
 func runSeries(cfg config, up *upstream) []result {
@@ -162,8 +182,16 @@ func runSeries(cfg config, up *upstream) []result {
 		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond"},
 		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_reverse_proxy"},
 		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: 0.7},
-		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy"},
+		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", redis: cfg.redis},
 		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond"},
+	}
+	// The same two series on the cluster, next to the single server's.
+	if cfg.redisCluster != "" {
+		list = append(list,
+			series{name: "redis-cluster_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_fresh", redis: cfg.redisCluster},
+			series{name: "redis-cluster_replay", mode: "replay", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_replay"})
+	} else if cfg.only.MatchString("redis-cluster_fresh") {
+		log.Printf("no Redis Cluster (-redis-cluster, ONEJOB_TEST_REDIS_CLUSTER): skipping its series")
 	}
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
 	var results []result
@@ -175,35 +203,45 @@ func runSeries(cfg config, up *upstream) []result {
 			s.binary = cfg.gateway
 		}
 		var (
-			samples []sample
-			peak    int64
-			err     error
+			m   measured
+			err error
 		)
-		var ops map[string]time.Duration
 		if s.mode == "pgbench" {
-			samples, err = measurePgbench(cfg)
+			m.samples, err = measurePgbench(cfg)
 		} else {
-			samples, peak, ops, err = measure(cfg, up, s, run)
+			m, err = measure(cfg, up, s, run)
 		}
 		if err != nil {
 			log.Fatalf("bench: %s: %v", s.name, err)
 		}
-		r := median(samples)
-		r.name, r.peakRSS = s.name, peak
+		r := median(m.samples)
+		r.name, r.peakRSS = s.name, m.peak
 		r.baseline, r.target, r.extraCPU = s.baseline, s.target, s.extraCPU
-		r.reserve, r.complete = ops["reserve"], ops["complete"]
+		r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
+		r.profile, r.redis = m.profile, m.redis
 		log.Printf("%-22s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
 		results = append(results, r)
 	}
 	return results
 }
 
+// measured is what measure found for one series.
+type measured struct {
+	samples []sample
+	peak    int64                    // the server's peak RSS over the measured runs
+	ops     map[string]time.Duration // mean ledger time per request, by operation
+	profile *profile                 // with -profiles, for fresh series
+	redis   *redisLoad               // for fresh series on Redis
+}
+
 // measure starts a server for the series, warms it up (which also creates
-// the replayed keys), and measures cfg.reps runs.
-func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, map[string]time.Duration, error) {
+// the replayed keys), and measures cfg.reps runs; for a fresh series, it
+// then profiles one more run when cfg.profiles names a directory.
+func measure(cfg config, up *upstream, s series, run string) (measured, error) {
+	var m measured
 	srv, err := startServer(s.binary, cfg.work, s.name, "", s.site)
 	if err != nil {
-		return nil, 0, nil, err
+		return m, err
 	}
 	defer srv.stop()
 	prefix := func(rep int) string {
@@ -213,15 +251,31 @@ func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, m
 		return fmt.Sprintf("%s-%s-%d", s.name, run, rep)
 	}
 	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), 64); err != nil {
-		return nil, 0, nil, err
+		return m, err
 	}
-	before := ledgerTimes(srv.admin)
-	var samples []sample
+	// The metrics are read before the Redis masters' stats and after them
+	// below: a scrape may have the ledger count its jobs, which would show
+	// as Redis calls of the runs.
+	before, rtBefore := ledgerTimes(srv.admin), readRuntime(srv.admin)
+	ctx := context.Background()
+	var masters []*master
+	var redisBefore []masterStats
+	if s.redis != "" && s.mode == "fresh" {
+		if masters, err = redisMasters(ctx, s.redis); err != nil {
+			return m, fmt.Errorf("the Redis masters: %v", err)
+		}
+		defer closeMasters(masters)
+		if redisBefore, err = snapshot(ctx, masters); err != nil {
+			return m, err
+		}
+	}
+	start := time.Now()
+	var requests int64
 	for rep := 0; rep < cfg.reps; rep++ {
 		hits, cpu := up.hits.Load(), srv.cpu()
 		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), 64)
 		if err != nil {
-			return nil, 0, nil, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
+			return m, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
 		}
 		smp.cpu = (srv.cpu() - cpu) / time.Duration(smp.requests)
 		// What reached the upstream proves the series measured what it
@@ -229,23 +283,44 @@ func measure(cfg config, up *upstream, s series, run string) ([]sample, int64, m
 		switch forwarded := up.hits.Load() - hits; s.mode {
 		case "replay":
 			if forwarded != 0 {
-				return nil, 0, nil, fmt.Errorf("%d replays reached the upstream", forwarded)
+				return m, fmt.Errorf("%d replays reached the upstream", forwarded)
 			}
 		default:
 			if s.site != "" && strings.Contains(s.site, "reverse_proxy") && forwarded < smp.requests {
-				return nil, 0, nil, fmt.Errorf("%d requests answered, %d reached the upstream", smp.requests, forwarded)
+				return m, fmt.Errorf("%d requests answered, %d reached the upstream", smp.requests, forwarded)
 			}
 		}
-		samples = append(samples, smp)
+		m.samples = append(m.samples, smp)
+		requests += smp.requests
 	}
-	ops := map[string]time.Duration{}
-	after := ledgerTimes(srv.admin)
+	wall := time.Since(start)
+	if masters != nil {
+		after, err := snapshot(ctx, masters)
+		if err != nil {
+			return m, err
+		}
+		m.redis = newRedisLoad(masters, redisBefore, after, requests, wall)
+	}
+	m.ops = map[string]time.Duration{}
+	after, rtAfter := ledgerTimes(srv.admin), readRuntime(srv.admin)
 	for op, a := range after {
 		if b := before[op]; a.count > b.count {
-			ops[op] = time.Duration((a.sum - b.sum) / float64(a.count-b.count) * float64(time.Second))
+			m.ops[op] = time.Duration((a.sum - b.sum) / float64(a.count-b.count) * float64(time.Second))
 		}
 	}
-	return samples, srv.peakRSS(), ops, nil
+	m.peak = srv.peakRSS()
+	if cfg.profiles != "" && s.mode == "fresh" && s.binary == cfg.gateway {
+		// A profile that cannot be taken leaves the measurements as they are.
+		if m.profile, err = profileSeries(cfg, srv, s.name, prefix(cfg.reps)); err != nil {
+			log.Printf("bench: %s: profiling: %v", s.name, err)
+		} else if requests > 0 {
+			n := float64(requests)
+			m.profile.allocs = (rtAfter.mallocs - rtBefore.mallocs) / n
+			m.profile.allocated = (rtAfter.bytes - rtBefore.bytes) / n
+			m.profile.gcs = 1000 * (rtAfter.gcs - rtBefore.gcs) / n
+		}
+	}
+	return m, nil
 }
 
 type opTime struct {

@@ -2,11 +2,15 @@
 # Measures the gateway side by side with plain Caddy (same Caddy version)
 # and with pgbench running the PostgreSQL ledger's SQL, in one run on
 # loopback, and prints one table of medians with each series' ratio to its
-# baseline; then 10,000 clients waiting on one key, and a 5-minute memory
-# soak. Installs wrk from Debian packages when missing; starts throwaway
-# PostgreSQL and Redis servers (see ../services.sh). About 12 minutes.
+# baseline, the Redis series on one server and on a Redis Cluster with the
+# load on each master, and the top entries of the gateway's CPU and
+# allocation profiles under each fresh series (the profiles are saved in
+# integration/bench/out/, which git ignores); then 10,000 clients waiting on
+# one key, and a 5-minute memory soak. Installs wrk from Debian packages
+# when missing; starts throwaway PostgreSQL, Redis and Redis Cluster servers
+# (see ../services.sh). About 13 minutes.
 #
-# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 3] [-only REGEXP] [-soak 5m] [-waiters 10000]
+# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 3] [-only REGEXP] [-soak 5m] [-waiters 10000] [-profiles DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . integration/services.sh
@@ -24,6 +28,8 @@ go build -o "$WORK/onejob" ./cmd/caddy
 go build -o "$WORK/plain" ./integration/bench/plaincaddy
 go build -o "$WORK/bench" ./integration/bench
 
-log "benchmarks"
+profiles="integration/bench/out/profiles-$(date +%Y%m%d-%H%M%S)"
+log "benchmarks (profiles in $profiles)"
 "$WORK/bench" -gateway "$WORK/onejob" -plain "$WORK/plain" -pgbench "$PGBIN/pgbench" \
-	-postgres "$ONEJOB_TEST_POSTGRES" -redis "$ONEJOB_TEST_REDIS" "$@"
+	-postgres "$ONEJOB_TEST_POSTGRES" -redis "$ONEJOB_TEST_REDIS" \
+	-redis-cluster "$ONEJOB_TEST_REDIS_CLUSTER" -profiles "$profiles" "$@"
