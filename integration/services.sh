@@ -62,14 +62,22 @@ cleanup() {
 	if [ -f "$WORK/pg/postmaster.pid" ]; then
 		as_pg "$PGBIN/pg_ctl" -D "$WORK/pg" -m immediate -w stop >/dev/null 2>&1 || true
 	fi
-	if [ -f "$WORK/redis.pid" ]; then
-		kill "$(cat "$WORK/redis.pid")" 2>/dev/null || true
-	fi
-	local pid
-	for pid in "$WORK"/cluster/*/redis.pid; do
-		[ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null
+	local pid pids=()
+	for pid in "$WORK/redis.pid" "$WORK"/cluster/*/redis.pid; do
+		[ -f "$pid" ] && pids+=("$(cat "$pid")")
 	done
-	rm -rf "$WORK"
+	[ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true
+	# Until they are gone (5 s at most): a Redis server opens its log file
+	# for every line, and would write one into a directory being removed.
+	for _ in $(seq 1 50); do
+		local alive=0
+		for pid in "${pids[@]}"; do
+			kill -0 "$pid" 2>/dev/null && alive=1
+		done
+		[ "$alive" -eq 0 ] && break
+		sleep 0.1
+	done
+	rm -rf "$WORK" || true
 	exit "$rc"
 }
 trap cleanup EXIT
