@@ -78,6 +78,7 @@ func TestCheckLostReservation(t *testing.T) {
 		{"with replicas", kill([2]int{slot, slot}, 500*time.Millisecond), 1, "replication's window does not explain this"},
 		{"another master killed", kill([2]int{slot + 1, slot + 1}, 500*time.Millisecond), 0, ""},
 		{"the slot's master killed long after", kill([2]int{slot, slot}, 5*time.Second), 0, ""},
+		{"the slot's master killed after both executions", kill([2]int{slot, slot}, 3*time.Second+500*time.Millisecond), 0, ""},
 		{"no kill", nil, 0, ""},
 	}
 	for _, tt := range tests {

@@ -32,6 +32,7 @@ type explainer struct {
 	replicas int
 	ids      map[string]identity         // job id → intent, from the ledger, the upstreams' and the clients' records
 	spans    map[identity][][2]time.Time // when each intent had requests or attempts in flight
+	execs    map[identity][]time.Time    // when the upstream began executing each intent, in order
 	owners   map[string]bool
 }
 
@@ -40,7 +41,8 @@ var identityPattern = regexp.MustCompile(`\b([a-z]+)/([a-z]-[0-9]+)\b`)
 // newExplainer indexes the run's evidence, with the deduplicating route's
 // jobs and exchanges.
 func newExplainer(ev *evidence, replicas int, dedupJobs map[string]*adminJob, dedupEx []exchange, dedupIDs []identity) *explainer {
-	x := &explainer{ev: ev, replicas: replicas, ids: map[string]identity{}, spans: map[identity][][2]time.Time{}, owners: map[string]bool{}}
+	x := &explainer{ev: ev, replicas: replicas, ids: map[string]identity{}, spans: map[identity][][2]time.Time{},
+		execs: map[identity][]time.Time{}, owners: map[string]bool{}}
 	byHash := map[string]identity{}
 	for _, id := range append(slices.Clone(ev.IDs), dedupIDs...) {
 		x.owners[id.Owner] = true
@@ -59,6 +61,12 @@ func newExplainer(ev *evidence, replicas int, dedupJobs map[string]*adminJob, de
 			x.ids[a.JobID] = id
 		}
 		x.spans[id] = append(x.spans[id], [2]time.Time{a.Start, a.End})
+		if a.Executed {
+			x.execs[id] = append(x.execs[id], a.Start)
+		}
+	}
+	for _, ts := range x.execs {
+		slices.SortFunc(ts, time.Time.Compare)
 	}
 	for _, ex := range [][]exchange{ev.Exchanges, dedupEx} {
 		for _, e := range ex {
@@ -106,14 +114,23 @@ func (x *explainer) busy(id identity, from, to time.Time) bool {
 
 // killBefore returns the master kill that may have taken an intent's
 // acknowledged writes with it: a kill of the master that served its slot
-// while it had requests or attempts in flight, in the lostWindow before.
+// while it had requests or attempts in flight, in the lostWindow before;
+// and, when the upstream executed the intent more than once, a kill
+// between the first execution (give or take the window: a reservation
+// acknowledged before the kill may be forwarded just after) and the last,
+// as a lost write can only have caused the executions after it.
 func (x *explainer) killBefore(id identity) *clusterEvent {
 	slot := x.slot(id)
+	ex := x.execs[id]
 	for i := range x.ev.Cluster {
 		k := &x.ev.Cluster[i]
-		if k.Kind == clusterKill && k.holds(slot) && x.busy(id, k.At.Add(-lostWindow), k.At) {
-			return k
+		if k.Kind != clusterKill || !k.holds(slot) || !x.busy(id, k.At.Add(-lostWindow), k.At) {
+			continue
 		}
+		if len(ex) > 1 && (ex[0].After(k.At.Add(lostWindow)) || ex[len(ex)-1].Before(k.At)) {
+			continue
+		}
+		return k
 	}
 	return nil
 }
