@@ -62,14 +62,22 @@ cleanup() {
 	if [ -f "$WORK/pg/postmaster.pid" ]; then
 		as_pg "$PGBIN/pg_ctl" -D "$WORK/pg" -m immediate -w stop >/dev/null 2>&1 || true
 	fi
-	if [ -f "$WORK/redis.pid" ]; then
-		kill "$(cat "$WORK/redis.pid")" 2>/dev/null || true
-	fi
-	local pid
-	for pid in "$WORK"/cluster/*/redis.pid; do
-		[ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null
+	local pid pids=()
+	for pid in "$WORK/redis.pid" "$WORK"/cluster/*/redis.pid; do
+		[ -f "$pid" ] && pids+=("$(cat "$pid")")
 	done
-	rm -rf "$WORK"
+	[ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true
+	# Until they are gone (5 s at most): a Redis server opens its log file
+	# for every line, and would write one into a directory being removed.
+	for _ in $(seq 1 50); do
+		local alive=0
+		for pid in "${pids[@]}"; do
+			kill -0 "$pid" 2>/dev/null && alive=1
+		done
+		[ "$alive" -eq 0 ] && break
+		sleep 0.1
+	done
+	rm -rf "$WORK" || true
 	exit "$rc"
 }
 trap cleanup EXIT
@@ -126,7 +134,9 @@ export ONEJOB_TEST_REDIS="redis://127.0.0.1:$REDISPORT/0"
 # by default it would be the node's port + 10000), a node timeout of two
 # seconds so that a replica takes over soon after its master dies.
 # ONEJOB_TEST_REDIS_CLUSTER names all three masters, as the ledger's cluster
-# URLs do.
+# URLs do. Each node's settings are in $WORK/cluster/<port>/redis.conf, so
+# that a node killed on purpose (the chaos soak kills masters) starts again
+# as the same node, on the same ports, with its nodes.conf.
 CLUSTER_PORTS=()
 for i in 1 2 3 4 5 6; do
 	port=$(free_port)
@@ -136,9 +146,21 @@ for i in 1 2 3 4 5 6; do
 	CLUSTER_PORTS+=("$port")
 	d="$WORK/cluster/$port"
 	mkdir -p "$d"
-	redis-server --port "$port" --cluster-port "$bus" --bind 127.0.0.1 --cluster-enabled yes \
-		--cluster-config-file "$d/nodes.conf" --cluster-node-timeout 2000 --save "" --appendonly no \
-		--dir "$d" --daemonize yes --pidfile "$d/redis.pid" --logfile "$d/redis.log"
+	cat >"$d/redis.conf" <<-EOF
+		port $port
+		cluster-port $bus
+		bind 127.0.0.1
+		cluster-enabled yes
+		cluster-config-file $d/nodes.conf
+		cluster-node-timeout 2000
+		save ""
+		appendonly no
+		dir $d
+		daemonize yes
+		pidfile $d/redis.pid
+		logfile $d/redis.log
+	EOF
+	redis-server "$d/redis.conf"
 done
 for port in "${CLUSTER_PORTS[@]}"; do
 	for _ in $(seq 1 100); do

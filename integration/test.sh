@@ -3,7 +3,8 @@
 # integration-tagged tests (the built binary, headless Chromium) against
 # throwaway PostgreSQL and Redis servers (see services.sh), which are
 # stopped on success, failure or interrupt; then every fuzz target briefly
-# (fuzz.sh) and a short chaos soak (chaos/run.sh --short).
+# (fuzz.sh) and short chaos soaks (chaos/run.sh --short): on PostgreSQL, on
+# Redis, and on Redis Cluster with replicas 1.
 #
 # Usage: ./integration/test.sh [go test flags for the integration run, e.g. -run Postgres]
 set -euo pipefail
@@ -62,5 +63,7 @@ stage "fuzzing (every target briefly, from its checked-in corpus)"
 
 stage "chaos soak, short (its own PostgreSQL and Redis, restarted mid-run)"
 ./integration/chaos/run.sh --short
+stage "chaos soak on Redis Cluster, short (a master killed, a slot migrated; writes acknowledged by a replica)"
+./integration/chaos/run.sh --short --ledger redis-cluster -replicas 1
 stage done
 log "all tests passed in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"

@@ -32,7 +32,9 @@ import (
 //     sent never arrived; one that succeeded or lost was answered; a job's
 //     next attempt starts only after the previous one failed, and a job is
 //     executed at most once (no hedging in the soak); its arrivals never
-//     overlap in time;
+//     overlap in time; an intent (owner and key) is executed at most once,
+//     whichever of its jobs ran it (a job the ledger lost, and the one a
+//     retry created in its place);
 //   - a completed job's stored status and size are its winning attempt's
 //     answer; only a stream cut short after it won goes unstored;
 //   - every answer a client got was for its own owner and key, names the
@@ -60,7 +62,8 @@ import (
 //     while it started;
 //   - as figures: every unknown job, by the fault that produced it (an
 //     upstream behaviour, a killed instance, a fault on its instance's
-//     ledger link or a ledger restart while its attempt ran).
+//     ledger link, a ledger restart, or on a cluster a fault on its slot's
+//     master, while its attempt ran).
 
 // evidence is everything a run saw, gathered once every deadline passed.
 type evidence struct {
@@ -84,6 +87,10 @@ type evidence struct {
 	Restarts        []restartEvent
 	Links           []linkEvent // ledger-link faults, by instance
 	AcceptResets    []acceptReset
+	// Cluster is set on Redis Cluster: its faults (masters killed, slots
+	// migrated), each touching the jobs of its slots only.
+	Cluster   []clusterEvent
+	OnCluster bool
 }
 
 // report is the outcome of the checks: violations and figures.
@@ -103,6 +110,11 @@ type report struct {
 	WronglyUnmarked int // a replay of another request's answer without the mark
 	NeverSent       int // unknown attempts the gateway knew it never sent (violations)
 	Unsent          int // attempts recorded failed because the gateway never sent them
+	// Duplicates are the identities the upstream executed more than once
+	// (in one job or in several); CrossAnswers the answers a client got
+	// that were meant for another owner or key.
+	Duplicates   []identity
+	CrossAnswers int
 	// UnknownByCause counts the unknown jobs by the fault that produced
 	// them; UnarrivedUnknown the unknown attempts the upstream never got,
 	// by what makes them legitimate.
@@ -164,6 +176,7 @@ func check(ev *evidence) *report {
 	}
 	c.attempts()
 	c.sequences()
+	c.duplicates()
 	c.overlaps()
 	c.winners()
 	c.exchanges()
@@ -395,6 +408,46 @@ func (c *checker) sequences() {
 	}
 }
 
+// duplicates: an intent is executed at most once, whichever jobs its
+// executions came from: a job the ledger lost, and a new one for the same
+// owner and key, are two executions of one intent.
+func (c *checker) duplicates() {
+	byID := map[identity][]*arrival{}
+	for i := range c.ev.Arrivals {
+		a := &c.ev.Arrivals[i]
+		if a.Executed && a.Header == "" {
+			id := identity{Owner: a.Owner, Key: a.Key}
+			byID[id] = append(byID[id], a)
+		}
+	}
+	ids := make([]identity, 0, len(byID))
+	for id := range byID {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(a, b int) bool { return ids[a].String() < ids[b].String() })
+	for _, id := range ids {
+		as := byID[id]
+		if len(as) < 2 {
+			continue
+		}
+		c.r.Duplicates = append(c.r.Duplicates, id)
+		sort.Slice(as, func(a, b int) bool { return as[a].Start.Before(as[b].Start) })
+		jobs := map[string]bool{}
+		var how []string
+		for _, a := range as {
+			jobs[a.JobID] = true
+			state := "not in the ledger"
+			if j := c.ev.Jobs[a.JobID]; j != nil {
+				state = j.State
+			}
+			how = append(how, fmt.Sprintf("job %s (%s) attempt %d at %s", a.JobID, state, a.Attempt, a.Start.Format("15:04:05.000")))
+		}
+		if len(jobs) > 1 { // one job's are reported by sequences
+			c.r.violate("%s was executed %d times, in %d jobs: %s", id, len(as), len(jobs), strings.Join(how, ", "))
+		}
+	}
+}
+
 // overlaps: without hedging, a job's attempts follow one another at the
 // upstream; one starts only after the previous one ended.
 func (c *checker) overlaps() {
@@ -466,6 +519,7 @@ func (c *checker) exchanges() {
 			continue
 		}
 		if e.Up != nil && (e.Up.Owner != e.ID.Owner || e.Up.Key != e.ID.Key) {
+			r.CrossAnswers++
 			r.violate("%s got the answer meant for %s/%s (job %s)", e.ID, e.Up.Owner, e.Up.Key, e.Up.Job)
 		}
 		if e.Up == nil && e.Problem == "" {
@@ -654,7 +708,7 @@ func (c *checker) unknowns() {
 			if known {
 				insts = c.instancesAt(id, at, prev)
 			}
-			cause = c.unarrivedCause(at, insts)
+			cause = c.unarrivedCause(at, insts, c.slotOf(j))
 			if cause != "" {
 				c.r.UnarrivedUnknown[cause]++
 				continue
@@ -699,8 +753,8 @@ func (c *checker) arrivedCause(a *arrival) string {
 		if e := c.linkFault(insts, w[0], w[1]); e != nil {
 			return linkFaultName(*e)
 		}
-		if c.restarted(w[0], w[1]) {
-			return "ledger restart"
+		if cause := c.ledgerDown(c.slotOf(c.ev.Jobs[a.JobID]), w[0], w[1]); cause != "" {
+			return cause
 		}
 	}
 	if a.Behaviour == answerSlow {
@@ -712,7 +766,7 @@ func (c *checker) arrivedCause(a *arrival) string {
 // unarrivedCause says why an unknown attempt that never reached the
 // upstream may have been sent after all, run by one of insts; "" when
 // nothing does.
-func (c *checker) unarrivedCause(at adminAttempt, insts []int) string {
+func (c *checker) unarrivedCause(at adminAttempt, insts []int, slot int) string {
 	start, finished := at.times()
 	if start.IsZero() {
 		return ""
@@ -741,7 +795,7 @@ func (c *checker) unarrivedCause(at adminAttempt, insts []int) string {
 		// The lease ran out instead of the gateway recording the broken
 		// connection: the ledger did not answer it right after the reset
 		// (its link cut, replies delayed, or the ledger restarting).
-		if c.unanswered(insts, r.At, r.At.Add(slack)) {
+		if c.unanswered(insts, slot, r.At, r.At.Add(slack)) {
 			return "upstream: reset on accept"
 		}
 	}
@@ -749,11 +803,12 @@ func (c *checker) unarrivedCause(at adminAttempt, insts []int) string {
 }
 
 // unanswered reports whether the ledger could leave a call of one of insts
-// (any, when empty) made between from and to without an answer: its
-// server restarting, or the instance's ledger link cut or delaying the
-// replies of new calls.
-func (c *checker) unanswered(insts []int, from, to time.Time) bool {
-	if c.restarted(from, to) {
+// (any, when empty) about a job in slot (any, when -1) made between from
+// and to without an answer: its server restarting, a fault on the
+// cluster's node that served the slot, or the instance's ledger link cut
+// or delaying the replies of new calls.
+func (c *checker) unanswered(insts []int, slot int, from, to time.Time) bool {
+	if c.ledgerDown(slot, from, to) != "" {
 		return true
 	}
 	for _, e := range c.ev.Links {
@@ -830,15 +885,31 @@ func (c *checker) linkFault(insts []int, from, to time.Time) *linkEvent {
 	return found
 }
 
-// restarted reports whether the ledger's server restarted between from
-// and to.
-func (c *checker) restarted(from, to time.Time) bool {
+// ledgerDown names what may have kept the ledger from answering a call
+// about a job in slot (any, when -1) between from and to: its server
+// restarting, or on a cluster the master of the slot killed (until the
+// cluster was whole again) or the slot migrating; "" when nothing did.
+func (c *checker) ledgerDown(slot int, from, to time.Time) string {
 	for _, r := range c.ev.Restarts {
 		if !r.End.Before(from) && !r.At.After(to) {
-			return true
+			return "ledger restart"
 		}
 	}
-	return false
+	for _, e := range c.ev.Cluster {
+		if !e.End.Before(from) && !e.At.After(to) && (slot < 0 || e.holds(slot)) {
+			return "cluster: " + e.Kind
+		}
+	}
+	return ""
+}
+
+// slotOf returns the cluster slot of job j, or -1 when the ledger is no
+// cluster or the job is not known.
+func (c *checker) slotOf(j *adminJob) int {
+	if !c.ev.OnCluster || j == nil {
+		return -1
+	}
+	return bucketSlot(j.OwnerHash, j.KeyHash)
 }
 
 // linkFaultName names a link fault for the figures: its kind, on a
@@ -868,6 +939,11 @@ func (c *checker) faultsNear(insts []int, from, to time.Time) string {
 	for _, r := range c.ev.Restarts {
 		if !r.End.Before(from) && !r.At.After(to) {
 			parts = append(parts, "ledger restart "+r.At.Format("15:04:05.000"))
+		}
+	}
+	for _, e := range c.ev.Cluster {
+		if !e.End.Before(from) && !e.At.After(to) {
+			parts = append(parts, e.String())
 		}
 	}
 	for _, r := range c.ev.AcceptResets {

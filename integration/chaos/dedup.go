@@ -251,11 +251,15 @@ type dedupReport struct {
 	Jobs       map[string]int // by state
 	Executions int
 	Duplicates int // intents with more than one side effect
-	Resends    int // attempts that were re-sends
-	ByResend   int // jobs a re-send settled
-	ByLookup   int // attempts a lookup settled
-	Answers    int // 2xx answers the clients got
-	Violations []string
+	// DuplicateIDs are those intents; CrossAnswers the answers a client
+	// got that were another intent's.
+	DuplicateIDs []identity
+	CrossAnswers int
+	Resends      int // attempts that were re-sends
+	ByResend     int // jobs a re-send settled
+	ByLookup     int // attempts a lookup settled
+	Answers      int // 2xx answers the clients got
+	Violations   []string
 }
 
 func (r *dedupReport) violate(format string, args ...any) {
@@ -297,6 +301,7 @@ func checkDedup(u *dedupUpstream, jobs map[string]*adminJob, ex []exchange, ev *
 		r.Executions += len(seqs)
 		if len(seqs) > 1 {
 			r.Duplicates++
+			r.DuplicateIDs = append(r.DuplicateIDs, id)
 			r.violate("%s was executed %d times by the provider (charges %v)", id, len(seqs), seqs)
 		}
 		j := byHash[fmt.Sprintf("%x/%x", ev.Hasher.Owner("Bearer "+id.Owner), ev.Hasher.Key(id.Key))]
@@ -318,6 +323,7 @@ func checkDedup(u *dedupUpstream, jobs map[string]*adminJob, ex []exchange, ev *
 		case e.Up == nil:
 			r.violate("%s got %d with a body the provider never wrote", e.ID, e.Status)
 		case e.Up.Owner != e.ID.Owner || e.Up.Key != e.ID.Key:
+			r.CrossAnswers++
 			r.violate("%s got the answer of %s/%s", e.ID, e.Up.Owner, e.Up.Key)
 		case len(seqs) == 0 || e.Up.Seq != seqs[0]:
 			r.violate("%s got charge %d, but the provider's charges for it are %v", e.ID, e.Up.Seq, seqs)

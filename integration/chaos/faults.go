@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ type services struct {
 	RedisPort string
 	Postgres  string // DSN
 	Redis     string // URL
+	Cluster   string // the Redis Cluster's URL: its three masters
 }
 
 func servicesFromEnv() services {
@@ -36,6 +38,7 @@ func servicesFromEnv() services {
 		RedisPort: os.Getenv("REDISPORT"),
 		Postgres:  os.Getenv("ONEJOB_TEST_POSTGRES"),
 		Redis:     os.Getenv("ONEJOB_TEST_REDIS"),
+		Cluster:   os.Getenv("ONEJOB_TEST_REDIS_CLUSTER"),
 	}
 }
 
@@ -63,19 +66,22 @@ func (s services) canRestart(ledger string) error {
 }
 
 // faults injects the run's faults: process faults (SIGKILLed gateway
-// instances and restarts of the ledger's server, one at a time) and, on
-// their own schedule, ledger-link faults (links.go).
+// instances and restarts of the ledger's server, or on a cluster masters
+// killed and slots migrated (cluster.go), one at a time) and, on their own
+// schedule, ledger-link faults (links.go).
 type faults struct {
-	fleet  fleet
-	links  []*ledgerLink
-	ledger string
-	svc    services
-	out    *os.File // output of the commands run, and a line per fault
+	fleet   fleet
+	links   []*ledgerLink
+	ledger  string
+	svc     services
+	cluster *cluster // the ledger's cluster, on redis-cluster
+	out     *os.File // output of the commands run, and a line per fault
 
-	mu       sync.Mutex
-	kills    []killEvent
-	restarts []restartEvent
-	events   []string
+	mu            sync.Mutex
+	kills         []killEvent
+	restarts      []restartEvent
+	clusterEvents []clusterEvent
+	events        []string
 }
 
 // killEvent is a gateway instance killed with SIGKILL, and when it was
@@ -100,19 +106,36 @@ func (f *faults) logf(format string, args ...any) {
 	fmt.Fprintln(f.out, line)
 }
 
-// run spreads kills and restarts evenly over the middle of a load of
-// length d, alternating them. However it ends, every instance is running
-// again when it returns (or the error says why not).
-func (f *faults) run(ctx context.Context, d time.Duration, kills, restarts int) error {
+// Process faults, in a plan.
+const (
+	faultKill        = "kill"         // a gateway instance killed with SIGKILL
+	faultRestart     = "restart"      // the ledger's server restarted
+	faultMasterKill  = "master kill"  // a cluster master killed with SIGKILL
+	faultMigrateSlot = "migrate slot" // a cluster slot migrated
+)
+
+// processPlan interleaves n[0] faults of kinds[0], n[1] of kinds[1], and
+// so on: one of each kind in turn while any is left.
+func processPlan(kinds []string, n []int) []string {
 	var plan []string
-	for i := 0; i < kills || i < restarts; i++ {
-		if i < kills {
-			plan = append(plan, "kill")
+	for i := 0; ; i++ {
+		added := false
+		for k, kind := range kinds {
+			if i < n[k] {
+				plan = append(plan, kind)
+				added = true
+			}
 		}
-		if i < restarts {
-			plan = append(plan, "restart")
+		if !added {
+			return plan
 		}
 	}
+}
+
+// run spreads the plan's process faults evenly over the middle of a load
+// of length d, one at a time. However it ends, every instance is running
+// again when it returns (or the error says why not).
+func (f *faults) run(ctx context.Context, d time.Duration, plan []string) error {
 	start := time.Now()
 	var err error
 	for i, what := range plan {
@@ -121,11 +144,15 @@ func (f *faults) run(ctx context.Context, d time.Duration, kills, restarts int) 
 			break
 		}
 		switch what {
-		case "kill":
+		case faultKill:
 			err = f.killOne(ctx)
-		case "restart":
+		case faultRestart:
 			// Every second restart is a crash: no shutdown work at all.
 			err = f.restartLedger(ctx, len(f.restarts)%2 == 1)
+		case faultMasterKill:
+			err = f.killMaster(ctx)
+		case faultMigrateSlot:
+			err = f.migrateSlot(ctx)
 		}
 		if err != nil {
 			break
@@ -337,9 +364,10 @@ func redisDurable(ctx context.Context, url string) error {
 	}
 }
 
-// processFaults returns the kills and ledger restarts so far.
-func (f *faults) processFaults() ([]killEvent, []restartEvent) {
+// processFaults returns the kills, ledger restarts and cluster faults so
+// far.
+func (f *faults) processFaults() ([]killEvent, []restartEvent, []clusterEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]killEvent(nil), f.kills...), append([]restartEvent(nil), f.restarts...)
+	return slices.Clone(f.kills), slices.Clone(f.restarts), slices.Clone(f.clusterEvents)
 }

@@ -1,13 +1,17 @@
 // Command chaos is the onejob chaos soak: three gateway instances on one
-// shared ledger (PostgreSQL, with a Redis cache, or Redis), an upstream
+// shared ledger (PostgreSQL, with a Redis cache, Redis, or Redis Cluster), an upstream
 // that misbehaves on purpose, 200 clients retrying over a few thousand
 // keys, a gateway killed with SIGKILL and the ledger's server restarted
 // mid-run, and faults on each instance's link to its ledger (a fault proxy
 // in between): replies lost after their command ran, replies delayed past
 // the client's timeout, connections reset mid-call, the ledger unreachable
-// for a few seconds. Once every deadline has passed, it checks the
-// upstream's record of what it executed, the ledger (through the admin
-// API) and every answer the clients got, and exits 1 on any violation.
+// for a few seconds. On Redis Cluster (-ledger redis-cluster) masters are
+// killed, their replicas promoted, and slots that hold jobs migrated under
+// load instead, with no link faults (cluster.go). Once every deadline has
+// passed, it checks the upstream's record of what it executed, the ledger
+// (through the admin API) and every answer the clients got, and exits 1
+// on any violation; on a cluster, a violation that follows a master kill
+// says which (explain.go).
 //
 // Run it with ./integration/chaos/run.sh, which starts the servers and
 // builds the gateway; see -h for the knobs.
@@ -48,6 +52,10 @@ type options struct {
 	keys            int
 	kills           int
 	restarts        int
+	masterKills     int
+	migrations      int
+	replicas        int
+	fsyncAlways     bool
 	links           linkPlan
 	cache           bool
 	attemptTimeout  time.Duration
@@ -63,7 +71,7 @@ type options struct {
 
 func parseOptions() options {
 	var o options
-	flag.StringVar(&o.ledger, "ledger", "", "the shared ledger: postgres or redis (required)")
+	flag.StringVar(&o.ledger, "ledger", "", "the shared ledger: postgres, redis or redis-cluster (required)")
 	flag.StringVar(&o.binary, "binary", "", "the gateway binary, built from ./cmd/caddy (required)")
 	flag.StringVar(&o.work, "work", "", "directory for configs and logs (default: a new temporary one)")
 	flag.BoolVar(&o.short, "short", false, "a CI-sized run: less load, fewer keys and faults")
@@ -72,7 +80,12 @@ func parseOptions() options {
 	flag.IntVar(&o.owners, "owners", 5, "owners (Authorization: Bearer <owner>) (-short: 4)")
 	flag.IntVar(&o.keys, "keys", 800, "keys per owner, the same key names under every owner (-short: 250)")
 	flag.IntVar(&o.kills, "kills", 3, "gateway instances killed with SIGKILL and restarted (-short: 1)")
-	flag.IntVar(&o.restarts, "restarts", 2, "restarts of the ledger's server (-short: 1)")
+	flag.IntVar(&o.restarts, "restarts", 2, "restarts of the ledger's server (-short: 1); not on redis-cluster")
+	flag.IntVar(&o.masterKills, "master-kills", 2, "redis-cluster: masters killed with SIGKILL, their replica promoted, then started again (-short: 1)")
+	flag.IntVar(&o.migrations, "migrations", 2, "redis-cluster: slots holding jobs migrated to another master under load (-short: 1)")
+	flag.IntVar(&o.replicas, "replicas", 0, "redis-cluster: the ledger's replicas setting, a write acknowledged once that many replicas have it (WAIT); 0: off")
+	flag.BoolVar(&o.fsyncAlways, "fsync-always", false, "redis-cluster: appendonly yes and appendfsync always on every node (CONFIG SET at start);\n"+
+		"a single Redis ledger always runs with them")
 	flag.IntVar(&o.links.Drops, "lost-replies", 40, "ledger replies dropped after their command ran (-short: 8)")
 	flag.IntVar(&o.links.Delays, "delays", 3, "windows of 1.5s in which a link's replies are held past the client's timeout (-short: 1)")
 	flag.DurationVar(&o.links.Delay, "reply-delay", 6*time.Second, "how long a delayed reply is held: past the gateway's 5s per ledger call")
@@ -100,6 +113,8 @@ func parseOptions() options {
 			"keys":         func() { o.keys = 250 },
 			"kills":        func() { o.kills = 1 },
 			"restarts":     func() { o.restarts = 1 },
+			"master-kills": func() { o.masterKills = 1 },
+			"migrations":   func() { o.migrations = 1 },
 			"lost-replies": func() { o.links.Drops = 8 },
 			"delays":       func() { o.links.Delays = 1 },
 			"resets":       func() { o.links.Resets = 2 },
@@ -134,8 +149,12 @@ func main() {
 
 func (o options) valid() error {
 	switch {
-	case o.ledger != "postgres" && o.ledger != "redis":
-		return fmt.Errorf("-ledger must be postgres or redis, not %q", o.ledger)
+	case o.ledger != "postgres" && o.ledger != "redis" && o.ledger != "redis-cluster":
+		return fmt.Errorf("-ledger must be postgres, redis or redis-cluster, not %q", o.ledger)
+	case o.replicas < 0 || o.masterKills < 0 || o.migrations < 0:
+		return fmt.Errorf("-replicas, -master-kills and -migrations cannot be negative")
+	case o.ledger != "redis-cluster" && (o.replicas > 0 || o.fsyncAlways):
+		return fmt.Errorf("-replicas and -fsync-always are for -ledger redis-cluster (the single test Redis server has no replica)")
 	case o.binary == "":
 		return fmt.Errorf("-binary is required (go build -o caddy ./cmd/caddy)")
 	case o.owners < 1 || o.owners > len(ownerNames):
@@ -166,7 +185,8 @@ func run(ctx context.Context, o options) (int, error) {
 	defer cancel()
 
 	svc := servicesFromEnv()
-	if o.restarts > 0 {
+	onCluster := o.ledger == "redis-cluster"
+	if o.restarts > 0 && !onCluster {
 		if err := svc.canRestart(o.ledger); err != nil {
 			return 2, err
 		}
@@ -175,6 +195,8 @@ func run(ctx context.Context, o options) (int, error) {
 	// their servers by (through the instance's fault proxies).
 	var ledgerLine, cacheLine func(url string) string
 	ledgerURL, cacheURL := "", ""
+	var rc *cluster // the ledger's Redis Cluster
+	var err error
 	switch o.ledger {
 	case "postgres":
 		if svc.Postgres == "" {
@@ -198,6 +220,29 @@ func run(ctx context.Context, o options) (int, error) {
 		}
 		ledgerURL = svc.Redis
 		ledgerLine = func(url string) string { return "ledger redis " + url + " chaos:" }
+	case "redis-cluster":
+		if svc.Cluster == "" || svc.Work == "" {
+			return 2, fmt.Errorf("ONEJOB_TEST_REDIS_CLUSTER and WORK are not set: run ./integration/chaos/run.sh")
+		}
+		if rc, err = findCluster(svc.Work); err != nil {
+			return 2, err
+		}
+		if err := rc.waitWhole(ctx, 30*time.Second); err != nil {
+			return 2, err
+		}
+		if o.fsyncAlways {
+			if err := rc.durable(ctx); err != nil {
+				return 2, fmt.Errorf("making the cluster durable: %w", err)
+			}
+		}
+		ledgerURL = svc.Cluster
+		block := ""
+		if o.replicas > 0 {
+			block = fmt.Sprintf(" {\n\t\t\t\treplicas %d\n\t\t\t}", o.replicas)
+		}
+		ledgerLine = func(url string) string { return "ledger redis " + url + " chaos:" + block }
+		// The gateways reach the nodes directly: no link faults (cluster.go).
+		o.links = linkPlan{Delay: o.links.Delay}
 	}
 	if o.work == "" {
 		dir, err := os.MkdirTemp("", "onejob-chaos")
@@ -256,9 +301,11 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	for n := range 3 {
 		c := cfg
-		url, err := link(n, o.ledger, ledgerURL)
-		if err != nil {
-			return 2, err
+		url := ledgerURL
+		if !onCluster {
+			if url, err = link(n, o.ledger, ledgerURL); err != nil {
+				return 2, err
+			}
 		}
 		c.Ledger = ledgerLine(url)
 		if cacheURL != "" {
@@ -281,6 +328,9 @@ func run(ctx context.Context, o options) (int, error) {
 	if cacheURL != "" {
 		what += " with a Redis cache"
 	}
+	if onCluster {
+		what += fmt.Sprintf(" (3 masters, 3 replicas; replicas %d; appendfsync always %v; no link faults)", o.replicas, o.fsyncAlways)
+	}
 	fmt.Printf("chaos: %s, 3 gateways, %d clients, %s of load; logs in %s\n", what, o.clients, o.duration, o.work)
 
 	// The load, with the faults alongside.
@@ -292,12 +342,16 @@ func run(ctx context.Context, o options) (int, error) {
 		Clients: o.dedupClients, Owners: ownerNames[:o.owners], Keys: max(o.keys/4, 1), MaxTries: o.maxTries,
 		Gateways: gws.urls, Path: dedupPath, KeyPrefix: "d-", ThinkTime: o.think, Start: time.Now(), Duration: o.duration,
 	})
-	f := &faults{fleet: gws, links: links, ledger: o.ledger, svc: svc, out: faultLog}
+	f := &faults{fleet: gws, links: links, ledger: o.ledger, svc: svc, cluster: rc, out: faultLog}
+	plan := processPlan([]string{faultKill, faultRestart}, []int{o.kills, o.restarts})
+	if onCluster {
+		plan = processPlan([]string{faultKill, faultMasterKill, faultMigrateSlot}, []int{o.kills, o.masterKills, o.migrations})
+	}
 	loadCtx, endLoad := context.WithTimeout(ctx, o.duration)
 	defer endLoad()
 	faultErr := make(chan error, 1)
 	linksDone := make(chan struct{})
-	go func() { faultErr <- f.run(loadCtx, o.duration, o.kills, o.restarts) }()
+	go func() { faultErr <- f.run(loadCtx, o.duration, plan) }()
 	go func() { f.runLinks(loadCtx, o.duration, o.links); close(linksDone) }()
 	dedupDone := make(chan struct{})
 	go func() { dcl.run(loadCtx); close(dedupDone) }()
@@ -337,7 +391,7 @@ func run(ctx context.Context, o options) (int, error) {
 		}
 	}
 
-	kills, restarts := f.processFaults()
+	kills, restarts, clusterEvents := f.processFaults()
 	ev := &evidence{
 		Hasher:          proxy.NewHasher([]byte(ownerSecret)),
 		Providers:       providers,
@@ -350,6 +404,8 @@ func run(ctx context.Context, o options) (int, error) {
 		Restarts:        restarts,
 		Links:           linkEvents(links),
 		AcceptResets:    up.resetsOnAccept(),
+		Cluster:         clusterEvents,
+		OnCluster:       onCluster,
 	}
 	admin := gws.anyRunning()
 	if admin == nil {
@@ -370,12 +426,26 @@ func run(ctx context.Context, o options) (int, error) {
 	ev.ArrivalsAfter = up.count()
 
 	r := check(ev)
+	var dedupEx []exchange
+	var dedupIDs []identity
+	t := totals{Duplicates: r.Duplicates, CrossAnswers: r.CrossAnswers}
 	if dup != nil {
-		dr := checkDedup(dup, dedupJobs, dcl.exchanges(), ev, dcl.identities())
+		dedupEx, dedupIDs = dcl.exchanges(), dcl.identities()
+		dr := checkDedup(dup, dedupJobs, dedupEx, ev, dedupIDs)
 		r.Violations = append(r.Violations, dr.Violations...)
+		t.Duplicates = append(t.Duplicates, dr.DuplicateIDs...)
+		t.CrossAnswers += dr.CrossAnswers
 		printDedup(os.Stdout, dr, dup, dcl)
 	}
-	printReport(os.Stdout, o, r, ev, cl, up, f.events, time.Since(began))
+	if onCluster {
+		x := newExplainer(ev, o.replicas, dedupJobs, dedupEx, dedupIDs)
+		t.Notes = make([]string, len(r.Violations))
+		for i, v := range r.Violations {
+			t.Notes[i] = x.note(v)
+		}
+		t.DuplicatesAfterKill = x.afterKill(t.Duplicates)
+	}
+	printReport(os.Stdout, o, r, ev, cl, up, f.events, t, time.Since(began))
 	if len(r.Violations) > 0 {
 		return 1, nil
 	}
@@ -402,7 +472,16 @@ func replayable(ev *evidence) []identity {
 	return out
 }
 
-func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, up *upstream, events []string, took time.Duration) {
+// totals are the figures over both routes, and on a cluster what preceded
+// each violation.
+type totals struct {
+	Duplicates          []identity // intents executed more than once
+	DuplicatesAfterKill int        // of those, the ones a master kill may have caused
+	CrossAnswers        int        // answers meant for another owner or key
+	Notes               []string   // by violation: the master kill before it, or ""
+}
+
+func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, up *upstream, events []string, t totals, took time.Duration) {
 	var (
 		requests, retries, timeouts, disconnects, transport, replayed int
 		statuses                                                      = map[int]int{}
@@ -467,7 +546,24 @@ func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, u
 			crashes++
 		}
 	}
-	row("ledger restarts", "%d (%d a crash)", len(ev.Restarts), crashes)
+	if ev.OnCluster {
+		var kills, moves []string
+		keys := 0
+		for _, e := range ev.Cluster {
+			switch e.Kind {
+			case clusterKill:
+				kills = append(kills, fmt.Sprintf("promoted after %s, whole after %s",
+					e.Promoted.Sub(e.At).Round(100*time.Millisecond), e.End.Sub(e.At).Round(100*time.Millisecond)))
+			case clusterMigration:
+				moves = append(moves, fmt.Sprintf("slot %d, %d jobs", e.Slots[0][0], len(e.Jobs)))
+				keys += e.Keys
+			}
+		}
+		row("master kills (SIGKILL)", "%d (%s)", len(kills), strings.Join(kills, "; "))
+		row("slot migrations", "%d (%s; %d keys)", len(moves), strings.Join(moves, "; "), keys)
+	} else {
+		row("ledger restarts", "%d (%d a crash)", len(ev.Restarts), crashes)
+	}
 	counts, onCache, conns := linkCounts(ev.Links)
 	var cut time.Duration
 	for _, e := range ev.Links {
@@ -481,9 +577,13 @@ func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, u
 		}
 		return ""
 	}
-	row("ledger-link faults", "%s %d%s, %s %d%s (%d connections), %s %d (replies held %s), %s %d (%s in all)",
-		faultDrop, counts[faultDrop], cached(faultDrop), faultReset, counts[faultReset], cached(faultReset), conns,
-		faultDelay, counts[faultDelay], o.links.Delay, faultCut, counts[faultCut], cut.Round(100*time.Millisecond))
+	if ev.OnCluster {
+		row("ledger-link faults", "none: the gateways reach the cluster's nodes directly")
+	} else {
+		row("ledger-link faults", "%s %d%s, %s %d%s (%d connections), %s %d (replies held %s), %s %d (%s in all)",
+			faultDrop, counts[faultDrop], cached(faultDrop), faultReset, counts[faultReset], cached(faultReset), conns,
+			faultDelay, counts[faultDelay], o.links.Delay, faultCut, counts[faultCut], cut.Round(100*time.Millisecond))
+	}
 	for _, e := range events {
 		fmt.Fprintf(w, "    %s\n", e)
 	}
@@ -492,7 +592,21 @@ func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, u
 	row("wrong replay markers", "%d marked, %d unmarked", r.WronglyReplayed, r.WronglyUnmarked)
 	row("never sent, recorded failed", "%d attempts", r.Unsent)
 	row("never-sent unknown", "%d (attempts the gateway knew it never sent)", r.NeverSent)
-	fmt.Fprintf(w, "  %-28s %d\n", "violations", len(r.Violations))
+	afterKill := 0
+	for _, n := range t.Notes {
+		if n != "" {
+			afterKill++
+		}
+	}
+	if ev.OnCluster {
+		row("duplicate executions", "%d (%d after a master kill that served their slot)", len(t.Duplicates), t.DuplicatesAfterKill)
+		row("cross-owner answers", "%d", t.CrossAnswers)
+		fmt.Fprintf(w, "  %-28s %d (%d after a master kill that served their slot)\n", "violations", len(r.Violations), afterKill)
+	} else {
+		row("duplicate executions", "%d", len(t.Duplicates))
+		row("cross-owner answers", "%d", t.CrossAnswers)
+		fmt.Fprintf(w, "  %-28s %d\n", "violations", len(r.Violations))
+	}
 	var logs []string
 	if len(r.Violations) > 0 {
 		logs = gatewayLogs(o.work)
@@ -503,6 +617,9 @@ func printReport(w io.Writer, o options, r *report, ev *evidence, cl *clients, u
 			break
 		}
 		fmt.Fprintf(w, "    VIOLATION %s\n", v)
+		if i < len(t.Notes) && t.Notes[i] != "" {
+			fmt.Fprintf(w, "      (%s)\n", t.Notes[i])
+		}
 		for _, l := range logLinesOf(logs, v, 12) {
 			fmt.Fprintf(w, "      %s\n", l)
 		}

@@ -5,16 +5,21 @@
 # to its ledger and cache (lost replies, replies delayed past the client's
 # timeout, connections reset mid-call, the ledger unreachable for a few
 # seconds); then every job, attempt and answer is checked against what the
-# upstream and the clients saw.
+# upstream and the clients saw. On Redis Cluster, masters are killed (their
+# replicas promoted) and slots migrated instead of restarting a server, and
+# the links have no faults.
 #
-# Usage: ./integration/chaos/run.sh [--short] [--ledger postgres|redis|both] [driver flags...]
+# Usage: ./integration/chaos/run.sh [--short] [--ledger postgres|redis|redis-cluster|both|all] [driver flags...]
 #   --short   a CI-sized run (under a minute per ledger)
-#   --ledger  which shared ledger to soak (default both)
-# Any further flags go to the driver (go run ./integration/chaos -h).
+#   --ledger  which shared ledger to soak: both (the default) is postgres
+#             and redis, all adds redis-cluster
+# Any further flags go to the driver (go run ./integration/chaos -h), for
+# every ledger of the run; -replicas and -fsync-always are for redis-cluster
+# alone, e.g. ./integration/chaos/run.sh --ledger redis-cluster -replicas 1 -fsync-always
 #
-# It starts throwaway PostgreSQL and Redis servers (integration/services.sh),
-# which are stopped however the script exits. Exit status: 0 when no run
-# found a violation.
+# It starts throwaway PostgreSQL and Redis servers and a Redis Cluster
+# (integration/services.sh), which are stopped however the script exits.
+# Exit status: 0 when no run found a violation.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,11 +30,12 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--short) short="-short" ;;
 	--ledger)
-		[ $# -ge 2 ] || { echo "--ledger needs postgres, redis or both" >&2; exit 2; }
+		[ $# -ge 2 ] || { echo "--ledger needs postgres, redis, redis-cluster, both or all" >&2; exit 2; }
 		case "$2" in
-		postgres | redis) ledgers=("$2") ;;
+		postgres | redis | redis-cluster) ledgers=("$2") ;;
 		both) ledgers=(postgres redis) ;;
-		*) echo "--ledger must be postgres, redis or both, not $2" >&2; exit 2 ;;
+		all) ledgers=(postgres redis redis-cluster) ;;
+		*) echo "--ledger must be postgres, redis, redis-cluster, both or all, not $2" >&2; exit 2 ;;
 		esac
 		shift
 		;;
@@ -57,6 +63,9 @@ for l in "${ledgers[@]}"; do
 		cp -r "$WORK/chaos-$l/." "$kept/" 2>/dev/null || true
 		cp "$WORK/pg/server.log" "$kept/postgres.log" 2>/dev/null || true
 		cp "$WORK/redis/redis.log" "$kept/redis.log" 2>/dev/null || true
+		for d in "$WORK"/cluster/*/; do
+			[ -f "$d/redis.log" ] && cp "$d/redis.log" "$kept/cluster-$(basename "$d").log"
+		done
 		log "the $l run failed; its logs are in $kept"
 	fi
 done
