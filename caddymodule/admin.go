@@ -461,7 +461,7 @@ func newJobJSON(j *ledger.Job) jobJSON {
 			Resend:     at.Resend,
 		}
 		out.Attempts[i].Reconciled = stringJSON(at.Reconciled(j))
-		if l := at.Lookup; l.Tries > 0 {
+		if l := at.Lookups(); l.Tries > 0 {
 			r := &reconcileJSON{Tries: l.Tries, LastAt: timeJSON(l.LastAt)}
 			if l.LastStatus != 0 {
 				r.LastStatus = &l.LastStatus

@@ -800,7 +800,7 @@ func TestJobJSONReconciled(t *testing.T) {
 	at := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	j := &ledger.Job{ID: "j", State: ledger.JobCompleted, CompletedBy: "a3", Attempts: []ledger.Attempt{
 		{Number: 1, ID: "a1", Provider: "pay", State: ledger.AttemptUnknown,
-			Lookup: ledger.Lookup{Tries: 2, LastStatus: 503, LastAt: at, NextAt: at.Add(time.Minute), Holder: "h"}},
+			Lookup: &ledger.Lookup{Tries: 2, LastStatus: 503, LastAt: at, NextAt: at.Add(time.Minute), Holder: "h"}},
 		{Number: 2, ID: "a2", Provider: "pay", State: ledger.AttemptFailed, Resend: true},
 		{Number: 3, ID: "a3", Provider: "pay", State: ledger.AttemptSucceeded, Resend: true},
 	}}
@@ -828,7 +828,8 @@ func TestJobJSONReconciled(t *testing.T) {
 		t.Errorf("the looked-up attempt's reconcile: %s", b)
 	}
 
-	j.Attempts[0].State, j.Attempts[0].Lookup.Settled, j.Attempts[0].Lookup.LastStatus = ledger.AttemptFailed, true, 404
+	j.Attempts[0].State = ledger.AttemptFailed
+	j.Attempts[0].Lookup = &ledger.Lookup{Tries: 2, LastStatus: 404, LastAt: at, Settled: true, Holder: "h"}
 	b, _ = json.Marshal(newJobJSON(j))
 	doc.Attempts = nil
 	if err := json.Unmarshal(b, &doc); err != nil {

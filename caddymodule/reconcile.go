@@ -99,7 +99,8 @@ func lookupDue(j *ledger.Job, a *ledger.Attempt) bool {
 		return false
 	}
 	if now := j.ReadAt; !now.IsZero() {
-		return !now.Before(a.Deadline) && !now.Before(a.Lookup.NextAt) && !now.Before(a.Lookup.Until)
+		l := a.Lookups()
+		return !now.Before(a.Deadline) && !now.Before(l.NextAt) && !now.Before(l.Until)
 	}
 	return true
 }
@@ -128,7 +129,7 @@ func (rc *reconciler) reconcile(ctx context.Context, p *Provider, a *ledger.Atte
 		res.Found, result = rc.stored(status, header, body), reconcileCompleted
 	}
 	if !res.Absent && res.Found == nil {
-		res.Retry = lookupBackoff(rc.every, a.Lookup.Tries)
+		res.Retry = lookupBackoff(rc.every, a.Lookups().Tries)
 	}
 	var err error
 	for range 3 { // the transition is idempotent: a reply lost is asked again

@@ -85,9 +85,9 @@ func TestReconcilerSettlesByLookup(t *testing.T) {
 	}
 
 	j, _ := l.Job(context.Background(), pending.Job.ID)
-	a := j.Attempts[0]
-	if j.State != ledger.JobUnknown || a.Lookup.Tries != 1 || a.Lookup.LastStatus != 503 || a.Lookup.NextAt.Sub(a.Lookup.LastAt) != 10*time.Second {
-		t.Errorf("after 503: job %s, lookup %+v", j.State, a.Lookup)
+	a := j.Attempts[0].Lookups()
+	if j.State != ledger.JobUnknown || a.Tries != 1 || a.LastStatus != 503 || a.NextAt.Sub(a.LastAt) != 10*time.Second {
+		t.Errorf("after 503: job %s, lookup %+v", j.State, a)
 	}
 	j, _ = l.Job(context.Background(), absent.Job.ID)
 	if j.State != ledger.JobFailed || j.Attempts[0].Reconciled(j) != "lookup" {

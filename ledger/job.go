@@ -116,9 +116,10 @@ type Attempt struct {
 	// deduplicates, reconciling an attempt whose outcome was unknown
 	// (Ledger.Resend).
 	Resend bool
-	// Lookup is what the reconciler's lookups did on the attempt; zero
-	// while none ran.
-	Lookup Lookup
+	// Lookup is what the reconciler's lookups did on the attempt; nil
+	// while none ran. Like a stored Response it is never changed once set
+	// (a change is a new Lookup), so copies of the attempt share it.
+	Lookup *Lookup
 }
 
 // Lookup is the record of the reconciler's lookups on one unknown attempt
@@ -133,11 +134,29 @@ type Lookup struct {
 	Until      time.Time // the end of Holder's lease; zero once released
 }
 
+// Lookups returns what the reconciler's lookups did on the attempt: the
+// zero Lookup while none ran.
+func (a *Attempt) Lookups() Lookup {
+	if a.Lookup == nil {
+		return Lookup{}
+	}
+	return *a.Lookup
+}
+
+// OrNil returns l to store on an attempt: nil when no lookup ran (l is
+// zero), so that attempts without lookups carry nothing.
+func (l Lookup) OrNil() *Lookup {
+	if l == (Lookup{}) {
+		return nil
+	}
+	return &l
+}
+
 // Reconciled names how reconciliation settled the attempt: "lookup",
 // "resend" (a re-send that won the job), or "" when neither did.
 func (a *Attempt) Reconciled(j *Job) string {
 	switch {
-	case a.Lookup.Settled:
+	case a.Lookup != nil && a.Lookup.Settled:
 		return "lookup"
 	case a.Resend && j.CompletedBy == a.ID:
 		return "resend"

@@ -187,7 +187,7 @@ func (m *Middleware) statusRetryAfter(j *ledger.Job) *int64 {
 		}
 		next := a.Deadline
 		if a.State == ledger.AttemptUnknown && m.looksUp(a.Provider) && !j.ReadAt.IsZero() && !j.ReadAt.Before(a.Deadline) {
-			next = a.Lookup.NextAt
+			next = a.Lookups().NextAt
 			if !next.After(j.ReadAt) {
 				next = j.ReadAt.Add(m.cfg.ReconcileEvery)
 			}

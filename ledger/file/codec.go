@@ -25,7 +25,7 @@ const (
 // is written as format 2, which gateways without lookups read too.
 func recordFormat(j *ledger.Job) byte {
 	for i := range j.Attempts {
-		if j.Attempts[i].Lookup != (ledger.Lookup{}) {
+		if j.Attempts[i].Lookup != nil {
 			return recordV3
 		}
 	}
@@ -88,13 +88,19 @@ func encodeJob(j *ledger.Job) []byte {
 		b = appendString(b, a.Error)
 		b = appendBool(b, a.Resend)
 		if format >= recordV3 {
-			b = appendLookup(b, &a.Lookup)
+			b = appendLookup(b, a.Lookup)
 		}
 	}
 	return b
 }
 
+// appendLookup writes 0 for an attempt no lookup touched, else 1 and the
+// record.
 func appendLookup(b []byte, l *ledger.Lookup) []byte {
+	if l == nil {
+		return append(b, 0)
+	}
+	b = append(b, 1)
 	b = binary.AppendVarint(b, int64(l.Tries))
 	b = binary.AppendVarint(b, int64(l.LastStatus))
 	b = appendTime(b, l.LastAt)
@@ -204,8 +210,8 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 			if v[0] >= recordV2 {
 				j.Attempts[i].Resend = d.flag()
 			}
-			if v[0] >= recordV3 {
-				j.Attempts[i].Lookup = ledger.Lookup{
+			if v[0] >= recordV3 && d.flag() {
+				j.Attempts[i].Lookup = &ledger.Lookup{
 					Tries: d.int(), LastStatus: d.int(), LastAt: d.time(), NextAt: d.time(),
 					Settled: d.flag(), Holder: d.string(), Until: d.time(),
 				}

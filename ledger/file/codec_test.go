@@ -42,10 +42,19 @@ func equalJobs(t *testing.T, got, want *ledger.Job) {
 		c.Attempts = append([]ledger.Attempt(nil), j.Attempts...)
 		for i := range c.Attempts {
 			a := &c.Attempts[i]
-			for _, p := range []*time.Time{&a.StartedAt, &a.Deadline, &a.FinishedAt, &a.Lookup.LastAt, &a.Lookup.NextAt, &a.Lookup.Until} {
+			for _, p := range []*time.Time{&a.StartedAt, &a.Deadline, &a.FinishedAt} {
 				if !p.IsZero() {
 					*p = p.UTC()
 				}
+			}
+			if a.Lookup != nil {
+				l := *a.Lookup
+				for _, p := range []*time.Time{&l.LastAt, &l.NextAt, &l.Until} {
+					if !p.IsZero() {
+						*p = p.UTC()
+					}
+				}
+				a.Lookup = &l
 			}
 		}
 		return &c
@@ -89,9 +98,9 @@ func TestCodecRoundTrip(t *testing.T) {
 		"looked up": func() *ledger.Job {
 			j := codecJob()
 			at := j.CreatedAt.Add(time.Hour)
-			j.Attempts[0].Lookup = ledger.Lookup{Tries: 2, LastStatus: 503, LastAt: at, NextAt: at.Add(time.Minute),
+			j.Attempts[0].Lookup = &ledger.Lookup{Tries: 2, LastStatus: 503, LastAt: at, NextAt: at.Add(time.Minute),
 				Holder: "r1", Until: at.Add(time.Second)}
-			j.Attempts[1].Lookup = ledger.Lookup{Tries: 1, LastStatus: 200, LastAt: at, Settled: true, Holder: "r2"}
+			j.Attempts[1].Lookup = &ledger.Lookup{Tries: 1, LastStatus: 200, LastAt: at, Settled: true, Holder: "r2"}
 			return j
 		}(),
 		"empty body": func() *ledger.Job {
@@ -117,7 +126,7 @@ func TestCodecOldestFormat(t *testing.T) {
 	if f := encodeJob(j)[0]; f != recordV2 {
 		t.Errorf("format %d without lookups, want %d", f, recordV2)
 	}
-	j.Attempts[1].Lookup.Tries = 1
+	j.Attempts[1].Lookup = &ledger.Lookup{Tries: 1}
 	if f := encodeJob(j)[0]; f != recordV3 {
 		t.Errorf("format %d with a lookup, want %d", f, recordV3)
 	}

@@ -21,6 +21,9 @@ func unknownPastDeadline(t *testing.T, l ledger.Ledger) (ledger.ReserveParams, l
 	if _, err := l.ClaimLookup(ctx(t), r.Attempt.Ref(), "early", long); !errors.Is(err, ledger.ErrStale) {
 		t.Fatalf("ClaimLookup before attempt_deadline: %v, want ErrStale", err)
 	}
+	if a := attempt(t, job(t, l, r.Job.ID), 1); a.Lookup != nil {
+		t.Errorf("an attempt no lookup touched reads with a lookup record: %+v", *a.Lookup)
+	}
 	eventually(t, "the attempt's deadline passes", func() bool {
 		j := job(t, l, r.Job.ID)
 		return !j.ReadAt.IsZero() && !j.ReadAt.Before(r.Attempt.Deadline)
@@ -51,7 +54,8 @@ func testLookupCompletes(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	wantState(t, j, ledger.JobUnknown, ledger.AttemptUnknown)
-	lk := attempt(t, job(t, l, r.Job.ID), 1).Lookup
+	a1 := attempt(t, job(t, l, r.Job.ID), 1)
+	lk := a1.Lookups()
 	if lk.Tries != 1 || lk.LastStatus != 503 || lk.Settled || lk.LastAt.IsZero() || lk.NextAt.Sub(lk.LastAt) != long {
 		t.Errorf("after a lookup answered 503: %+v", lk)
 	}
@@ -84,8 +88,8 @@ func testLookupCompletes(t *testing.T, h Harness) {
 		t.Errorf("completed by %q at version %d, want %s at %d", j.CompletedBy, j.Version, r2.Attempt.ID, r2.Job.Version+1)
 	}
 	a := attempt(t, job(t, l, r2.Job.ID), 1)
-	if !a.Lookup.Settled || a.Lookup.Tries != 1 || a.Lookup.LastStatus != 200 || a.Reconciled(j) != "lookup" {
-		t.Errorf("the settled attempt: %+v, reconciled %q", a.Lookup, a.Reconciled(j))
+	if lk := a.Lookups(); !lk.Settled || lk.Tries != 1 || lk.LastStatus != 200 || a.Reconciled(j) != "lookup" {
+		t.Errorf("the settled attempt: %+v, reconciled %q", lk, a.Reconciled(j))
 	}
 	// Replays carry the lookup's answer.
 	done := reserve(t, l, ledger.ReserveParams{OwnerHash: r2.Job.OwnerHash, KeyHash: r2.Job.KeyHash,

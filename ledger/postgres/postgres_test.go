@@ -337,7 +337,7 @@ func TestLookupLost(t *testing.T) {
 	if n := tr.take(); n != 1 {
 		t.Errorf("a claim took %d round trips, want 1", n)
 	}
-	if lk := j.Attempts[0].Lookup; lk.Holder != "r1" || !lk.Until.After(j.ReadAt) || j.ReadAt.IsZero() {
+	if lk := j.Attempts[0].Lookups(); lk.Holder != "r1" || !lk.Until.After(j.ReadAt) || j.ReadAt.IsZero() {
 		t.Errorf("the claimed attempt: %+v, read at %v", lk, j.ReadAt)
 	}
 
@@ -370,10 +370,10 @@ func TestLookupLost(t *testing.T) {
 		t.Errorf("the job after the lookup: %s by %s, %q", j.State, j.CompletedBy, j.Response.Body)
 	}
 	again, err := l.SettleLookup(ctx, ref, "r1", ledger.LookupResult{Status: 200, Found: found})
-	if err != nil || again.Attempts[0].Lookup != a.Lookup || again.Version != j.Version {
+	if err != nil || again.Attempts[0].Lookups() != a.Lookups() || again.Version != j.Version {
 		t.Errorf("a repeat of the settlement: %+v %v", again, err)
 	}
-	if read, err := l.Job(ctx, r.Job.ID); err != nil || read.Attempts[0].Lookup != a.Lookup || read.Attempts[0].Error != a.Error {
+	if read, err := l.Job(ctx, r.Job.ID); err != nil || read.Attempts[0].Lookups() != a.Lookups() || read.Attempts[0].Error != a.Error {
 		t.Errorf("Job reads the attempt as %+v (%v), the settlement returned %+v", read.Attempts[0], err, a)
 	}
 }

@@ -64,13 +64,15 @@ func scanAttempt(rows pgx.CollectableRow) (ledger.Attempt, error) {
 		state                 string
 		finished              pgtype.Timestamptz
 		lastAt, nextAt, until pgtype.Timestamptz
+		lookup                ledger.Lookup
 	)
-	lk := &a.Lookup
+	lk := &lookup
 	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error, &a.Resend,
 		&lk.Tries, &lk.LastStatus, &lastAt, &nextAt, &lk.Settled, &lk.Holder, &until)
 	a.State = ledger.AttemptState(state)
 	a.FinishedAt = timeOf(finished)
 	lk.LastAt, lk.NextAt, lk.Until = timeOf(lastAt), timeOf(nextAt), timeOf(until)
+	a.Lookup = lookup.OrNil()
 	return a, err
 }
 
@@ -204,7 +206,7 @@ func scanWhole(row pgx.Row) (*ledger.Job, error) {
 				Tries: a.LookupTries, LastStatus: a.LookupLastStatus,
 				LastAt: unixMicro(a.LookupLastAt), NextAt: unixMicro(a.LookupNextAt),
 				Settled: a.LookupSettled, Holder: a.LookupHolder, Until: unixMicro(a.LookupUntil),
-			},
+			}.OrNil(),
 		}
 	}
 	fsm.ApplyLeases(j, now)

@@ -172,7 +172,7 @@ func decodeAttempt(jobID string, n int, field func(name string) string) ledger.A
 			Settled:    field("ld") == "1",
 			Holder:     field("lh"),
 			Until:      timeOf(field("lu")),
-		},
+		}.OrNil(),
 	}
 }
 

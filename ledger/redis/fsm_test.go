@@ -366,7 +366,7 @@ func attemptString(a *ledger.Attempt) string {
 	}
 	s := fmt.Sprintf("attempt %d %s job %s on %s %s v%d started %s deadline %s finished %s error %q",
 		a.Number, a.ID, a.JobID, a.Provider, a.State, a.JobVersion, stamp(a.StartedAt), stamp(a.Deadline), stamp(a.FinishedAt), a.Error)
-	if k := a.Lookup; k != (ledger.Lookup{}) {
+	if k := a.Lookup; k != nil {
 		s += fmt.Sprintf(" lookups %d last %d at %s next %s settled %v holder %q until %s",
 			k.Tries, k.LastStatus, stamp(k.LastAt), stamp(k.NextAt), k.Settled, k.Holder, stamp(k.Until))
 	}

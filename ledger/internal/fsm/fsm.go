@@ -429,7 +429,7 @@ func ClaimLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, lease time
 	if a == nil {
 		return ledger.ErrNotFound
 	}
-	l := &a.Lookup
+	l := a.Lookups()
 	if l.Holder == holder && now.Before(l.Until) && a.State == ledger.AttemptUnknown {
 		return nil // a repeat
 	}
@@ -437,6 +437,7 @@ func ClaimLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, lease time
 		return ledger.ErrStale
 	}
 	l.Holder, l.Until = holder, now.Add(lease)
+	a.Lookup = &l
 	return nil
 }
 
@@ -448,7 +449,7 @@ func SettleLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, r ledger.
 	if a == nil {
 		return ledger.ErrNotFound
 	}
-	l := &a.Lookup
+	l := a.Lookups()
 	if l.Holder != holder {
 		return ledger.ErrStale
 	}
@@ -460,6 +461,7 @@ func SettleLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, r ledger.
 	}
 	l.Tries++
 	l.LastStatus, l.LastAt, l.Until = r.Status, now, time.Time{}
+	defer func() { a.Lookup = &l }() // a new record: copies of the job share the old one
 	switch {
 	case r.Found != nil && j.CompletedBy == "":
 		l.Settled = true
