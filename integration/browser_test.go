@@ -682,7 +682,7 @@ func TestBrowserCancelUnblocksRetry(t *testing.T) {
 func TestBrowserLookupSettles(t *testing.T) {
 	b := backend{name: "memory", line: "ledger memory"}
 	u := newRecordsUpstream(t, func(int) (bool, time.Duration) { return true, 6 * time.Second })
-	site := strings.Replace(lookupSite(u.addr()), "attempt_deadline 1s", "attempt_deadline 4s", 1)
+	site := strings.Replace(lookupSite(u.addr()), "attempt_deadline 2s", "attempt_deadline 4s", 1)
 	g := startBrowsableGateway(t, b, site)
 	first := g.post(t, "/charges", "bl-1", auth, `{}`)
 	id := first.header.Get("Idempotency-Job-Id")

@@ -93,12 +93,12 @@ func (u *recordsUpstream) counts(job string) (effects, lookups int) {
 }
 
 // lookupSite is a route whose provider has a lookup: attempts time out at
-// 300ms, their deadline is 1s, and the reconciler runs every 100ms.
+// 300ms, their deadline is 2s, and the reconciler runs every 100ms.
 func lookupSite(addr string) string {
 	return fmt.Sprintf(`	idempotency {
 		{ledger}
 		attempt_timeout 300ms
-		attempt_deadline 1s
+		attempt_deadline 2s
 		reconcile_every 100ms
 		provider payments {
 			lookup GET /records/{idempotency.job_id} {
@@ -117,7 +117,7 @@ func TestLookupAbsent(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		u := newRecordsUpstream(t, func(n int) (bool, time.Duration) {
 			if n == 1 {
-				return false, 1500 * time.Millisecond // dropped, never acted
+				return false, 3 * time.Second // dropped, never acted
 			}
 			return true, 0
 		})
@@ -157,7 +157,7 @@ func TestLookupAbsent(t *testing.T) {
 // replays it, marked, and nothing runs again.
 func TestLookupCompletes(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
-		u := newRecordsUpstream(t, func(int) (bool, time.Duration) { return true, 1500 * time.Millisecond })
+		u := newRecordsUpstream(t, func(int) (bool, time.Duration) { return true, 3 * time.Second })
 		g := startGateway(t, b, lookupSite(u.addr()))
 		first := g.post(t, "/charges", "lc-1", auth, `{}`)
 		job := first.header.Get("Idempotency-Job-Id")
@@ -185,7 +185,7 @@ func TestLookupCompletes(t *testing.T) {
 // run by two of them at once, and every lookup is recorded once.
 func TestLookupOneReconcilerPerAttempt(t *testing.T) {
 	shared(t, func(t *testing.T, b backend) {
-		u := newRecordsUpstream(t, func(int) (bool, time.Duration) { return true, 1500 * time.Millisecond })
+		u := newRecordsUpstream(t, func(int) (bool, time.Duration) { return true, 3 * time.Second })
 		u.hold = 150 * time.Millisecond
 		gs := fleet(t, b, 3, lookupSite(u.addr()))
 		first := gs[0].post(t, "/charges", "lo-1", auth, `{}`)

@@ -18,9 +18,6 @@ func unknownPastDeadline(t *testing.T, l ledger.Ledger) (ledger.ReserveParams, l
 	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "attempt_timeout"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.ClaimLookup(ctx(t), r.Attempt.Ref(), "early", long); !errors.Is(err, ledger.ErrStale) {
-		t.Fatalf("ClaimLookup before attempt_deadline: %v, want ErrStale", err)
-	}
 	if a := attempt(t, job(t, l, r.Job.ID), 1); a.Lookup != nil {
 		t.Errorf("an attempt no lookup touched reads with a lookup record: %+v", *a.Lookup)
 	}
@@ -108,10 +105,19 @@ func testLookupCompletes(t *testing.T, h Harness) {
 	}
 }
 
-// testLookupAbsent: a lookup that finds no trace fails the attempt and the
-// job (lookup-fail), so a retry starts a new attempt.
+// testLookupAbsent: no lookup before attempt_deadline; then a lookup that
+// finds no trace fails the attempt and the job (lookup-fail), so a retry
+// starts a new attempt.
 func testLookupAbsent(t *testing.T, h Harness) {
 	l := h.New(t)
+	// Not before attempt_deadline: the original may still act until then.
+	early := reserve(t, l, params(long), ledger.Created)
+	if err := l.MarkUnknown(ctx(t), early.Attempt.Ref(), "attempt_timeout"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.ClaimLookup(ctx(t), early.Attempt.Ref(), "early", long); !errors.Is(err, ledger.ErrStale) {
+		t.Errorf("ClaimLookup before attempt_deadline: %v, want ErrStale", err)
+	}
 	p, r := unknownPastDeadline(t, l)
 	if _, err := l.ClaimLookup(ctx(t), r.Attempt.Ref(), "r1", long); err != nil {
 		t.Fatal(err)
@@ -145,7 +151,8 @@ func testLookupOneHolder(t *testing.T, h Harness) {
 		go func() {
 			defer wg.Done()
 			holder := string(rune('a' + i))
-			if _, err := inst.ClaimLookup(ctx(t), ref, holder, short); err == nil {
+			// A lease no slow machine outlasts: only one claim may win.
+			if _, err := inst.ClaimLookup(ctx(t), ref, holder, long); err == nil {
 				mu.Lock()
 				holds = append(holds, holder)
 				mu.Unlock()
@@ -158,12 +165,23 @@ func testLookupOneHolder(t *testing.T, h Harness) {
 	if len(holds) != 1 {
 		t.Fatalf("holders after concurrent claims: %v, want one", holds)
 	}
-	eventually(t, "the first holder's lease runs out", func() bool {
+	// The holder finds nothing to judge; the next lookup is due at once.
+	if _, err := l.SettleLookup(ctx(t), ref, holds[0], ledger.LookupResult{Status: 503}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.ClaimLookup(ctx(t), ref, "brief", short); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the brief holder's lease runs out", func() bool {
 		_, err := peer.ClaimLookup(ctx(t), ref, "late", long)
 		return err == nil
 	})
-	if _, err := l.SettleLookup(ctx(t), ref, holds[0], ledger.LookupResult{Status: 404, Absent: true}); !errors.Is(err, ledger.ErrStale) {
+	if _, err := l.SettleLookup(ctx(t), ref, "brief", ledger.LookupResult{Status: 404, Absent: true}); !errors.Is(err, ledger.ErrStale) {
 		t.Errorf("a lookup settled after its lease ran out: %v, want ErrStale", err)
 	}
-	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobUnknown, ledger.AttemptUnknown)
+	if a := attempt(t, j, 1); a.Lookups().Tries != 1 || a.Lookups().Holder != "late" {
+		t.Errorf("lookup record after two holders: %+v", a.Lookups())
+	}
 }
