@@ -172,10 +172,17 @@ func testLookupOneHolder(t *testing.T, h Harness) {
 	if _, err := l.ClaimLookup(ctx(t), ref, "brief", short); err != nil {
 		t.Fatal(err)
 	}
+	// Waited for by reading, not by claiming: a claim refused an instant
+	// before the lease ran out and repeated an instant after would rightly
+	// succeed the second time.
 	eventually(t, "the brief holder's lease runs out", func() bool {
-		_, err := peer.ClaimLookup(ctx(t), ref, "late", long)
-		return err == nil
+		j := job(t, peer, r.Job.ID)
+		a := attempt(t, j, 1)
+		return !j.ReadAt.IsZero() && !j.ReadAt.Before(a.Lookups().Until)
 	})
+	if _, err := peer.ClaimLookup(ctx(t), ref, "late", long); err != nil {
+		t.Fatalf("a claim once the lease ran out: %v", err)
+	}
 	if _, err := l.SettleLookup(ctx(t), ref, "brief", ledger.LookupResult{Status: 404, Absent: true}); !errors.Is(err, ledger.ErrStale) {
 		t.Errorf("a lookup settled after its lease ran out: %v, want ErrStale", err)
 	}
