@@ -169,36 +169,27 @@ func (l *Ledger) MarkUnknown(_ context.Context, ref ledger.AttemptRef, reason st
 }
 
 // ClaimLookup implements ledger.Ledger.
-func (l *Ledger) ClaimLookup(_ context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (j *ledger.Job, err error) {
-	err = l.update(ref.JobID, func(job *ledger.Job, now time.Time) error {
-		j = nil
-		if e := fsm.ClaimLookup(job, ref, holder, lease, now); e != nil {
-			return e
-		}
-		j = job.Clone()
-		return nil
-	})
-	return j, err
+func (l *Ledger) ClaimLookup(_ context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
+	return l.updated(ref.JobID, func(job *ledger.Job, now time.Time) error { return fsm.ClaimLookup(job, ref, holder, lease, now) })
 }
 
 // SettleLookup implements ledger.Ledger.
-func (l *Ledger) SettleLookup(_ context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (j *ledger.Job, err error) {
-	err = l.update(ref.JobID, func(job *ledger.Job, now time.Time) error {
-		j = nil
-		if e := fsm.SettleLookup(job, ref, holder, r, now); e != nil {
-			return e
-		}
-		j = job.Clone()
-		return nil
-	})
-	return j, err
+func (l *Ledger) SettleLookup(_ context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
+	return l.updated(ref.JobID, func(job *ledger.Job, now time.Time) error { return fsm.SettleLookup(job, ref, holder, r, now) })
 }
 
 // Resolve implements ledger.Ledger.
-func (l *Ledger) Resolve(_ context.Context, jobID string, r ledger.Resolution) (j *ledger.Job, err error) {
+func (l *Ledger) Resolve(_ context.Context, jobID string, r ledger.Resolution) (*ledger.Job, error) {
+	return l.updated(jobID, func(job *ledger.Job, now time.Time) error { return fsm.Resolve(job, r, now) })
+}
+
+// updated applies fn with update and returns a copy of the job as fn left
+// it, or fn's error (and no job).
+func (l *Ledger) updated(jobID string, fn func(j *ledger.Job, now time.Time) error) (j *ledger.Job, err error) {
 	err = l.update(jobID, func(job *ledger.Job, now time.Time) error {
-		if err := fsm.Resolve(job, r, now); err != nil {
-			return err
+		j = nil
+		if e := fn(job, now); e != nil {
+			return e
 		}
 		j = job.Clone()
 		return nil
