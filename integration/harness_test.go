@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/onejob/onejob/integration/ports"
 )
 
 // binary is the caddy built once for all tests.
@@ -50,15 +50,15 @@ func postgresDSN(t testing.TB) string {
 	return testEnv(t, "ONEJOB_TEST_POSTGRES", "PostgreSQL")
 }
 
-// freePort returns a loopback port the OS just handed out.
+// freePort returns a loopback port for a gateway to listen on (see package
+// ports for why not the kernel's choice).
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // backend is a ledger configuration for the gateway under test.

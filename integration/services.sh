@@ -91,8 +91,10 @@ free_port() {
 	local p
 	for _ in $(seq 1 200); do
 		# Below the kernel's ephemeral range (32768 and up), which outgoing
-		# connections may hold.
-		p=$((10000 + RANDOM % 22000))
+		# connections may hold, and below the range the harnesses hand their
+		# gateways (20000 and up, integration/ports), so that a server
+		# restarted on its port never finds a gateway there.
+		p=$((10000 + RANDOM % 10000))
 		case "$TAKEN" in *" $p "*) continue ;; esac
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"

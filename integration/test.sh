@@ -44,9 +44,13 @@ go test -race -count=1 -tags integration -v "$@" ./... 2>&1 | tee "$WORK/integra
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then
-	log "integration tests failed; each failure with what it said, then the end of their output:"
-	grep -A 25 -E '^\s*--- FAIL' "$WORK/integration.log" | grep -v -E '^\s*(=== (RUN|PAUSE|CONT)|--- PASS)' >&2 || true
-	grep -v -E '^\s*=== (RUN|PAUSE|CONT)' "$WORK/integration.log" | tail -n 100 >&2
+	# The end of the output first, then what each failed test said (the
+	# lines go test -v printed while it ran, up to its "--- FAIL"), last,
+	# so that a log cut to its end still shows them.
+	log "integration tests failed; the end of their output:"
+	grep -v -E '^\s*=== (RUN|PAUSE|CONT|NAME)' "$WORK/integration.log" | tail -n 100 >&2
+	log "each failed test with what it said:"
+	awk -f integration/failures.awk "$WORK/integration.log" >&2
 	exit "$status"
 fi
 if grep -q -- '--- SKIP' "$WORK/integration.log"; then

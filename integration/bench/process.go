@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/onejob/onejob/integration/ports"
 )
 
 // server is one Caddy process under test, with its own home and data
@@ -124,12 +125,11 @@ func procStatus(pid int, field string) int64 {
 	return 0
 }
 
-// freePort returns a loopback port the OS just handed out.
+// freePort returns a loopback port for a gateway (package ports).
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.Free()
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/onejob/onejob/integration/ports"
 )
 
 // gatewayConfig is what every instance of the fleet shares.
@@ -101,19 +102,17 @@ func newGateway(n int, dir string, cfg gatewayConfig, port, admin int) (*gateway
 	return g, nil
 }
 
-// freePorts returns n distinct loopback ports the OS just handed out: all
-// held open at once, so that none is handed out twice.
+// freePorts returns n distinct loopback ports for gateways (package ports).
 func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
+	ps := make([]int, 0, n)
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := ports.Free()
 		if err != nil {
 			return nil, err
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ps = append(ps, p)
 	}
-	return ports, nil
+	return ps, nil
 }
 
 var adminClient = &http.Client{Timeout: 10 * time.Second}
