@@ -22,7 +22,7 @@ import (
 // "After" is judged by the numbers of Waiters' events: a read is stamped
 // with the number of the last event before it started, and a waiter joins
 // it only when that number is at least the one of the last event it reacts
-// to (Waiters.since, Waiters.stamp). A read that started earlier may have
+// to (Waiters.need, Waiters.stamp). A read that started earlier may have
 // seen the job before the change the waiter was told of, so the waiter
 // starts its own: that is the subscribe-then-read rule, kept when reads are
 // shared.

@@ -168,19 +168,8 @@ func (s *Subscriber) Wait(ctx context.Context, jobID string, read func(context.C
 		return nil, ErrClosed
 	}
 	return waitSettled(ctx, func(expired bool) (*Job, time.Time, <-chan struct{}, error) {
-		// A wake-up pending now came before this read: the read tells
-		// the waiter what it would, and need (taken after) covers it.
-		select {
-		case <-ch:
-		default:
-		}
-		var need uint64
-		if expired {
-			need = s.waiters.stamp(true)
-		} else {
-			need = s.waiters.since(jobID, registered)
-		}
-		j, now, err := s.reads.read(ctx, jobID, need, func() uint64 { return s.waiters.stamp(false) }, read)
+		need := s.waiters.need(ch, jobID, registered, expired)
+		j, now, err := s.reads.read(ctx, jobID, need, s.waiters.stamp, read)
 		return j, now, ch, err
 	})
 }

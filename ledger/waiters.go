@@ -121,25 +121,35 @@ func (w *Waiters) Ready() <-chan struct{} {
 }
 
 // stamp returns the number of the last event: a read that starts after
-// stamp returns started after every event numbered up to it. With fresh,
-// it is itself a new event (a lease deadline a waiter saw pass), so that
-// only reads started from now on have a stamp as high.
-func (w *Waiters) stamp(fresh bool) uint64 {
+// stamp returns started after every event numbered up to it.
+func (w *Waiters) stamp() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if fresh {
-		w.seq++
-	}
 	return w.seq
 }
 
-// since returns the number of the last event that may have told the waiter
-// of jobID registered as registered something: its registration, the last
-// SetReady and the job's last Wake. A read stamped at least as high started
-// after all of them, so the waiter misses nothing by taking its result.
-func (w *Waiters) since(jobID string, registered uint64) uint64 {
+// need returns the stamp a read must have for the waiter of jobID with
+// channel ch, registered as registered, to take its result, and empties ch,
+// in one step. The stamp is the number of the last event that may have told
+// the waiter something: its registration, the last SetReady and the job's
+// last Wake, or, with expired (the waiter saw a lease deadline pass), a new
+// event. A read stamped at least as high started after all of them, so the
+// waiter misses nothing by taking its result, and a wake-up pending in ch
+// came from one of them: it is spent. Taking both under the lock that Wake
+// and SetReady hold keeps a wake-up from landing between them, where it
+// would be left pending although the stamp covers it, and send the waiter
+// to read again for nothing.
+func (w *Waiters) need(ch <-chan struct{}, jobID string, registered uint64, expired bool) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	select {
+	case <-ch:
+	default:
+	}
+	if expired {
+		w.seq++
+		return w.seq
+	}
 	return max(registered, w.readied, w.woken[jobID])
 }
 
