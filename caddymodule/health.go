@@ -17,8 +17,8 @@ import (
 
 // What an operator watches of each open ledger: its jobs by state (the
 // unknown ones above all, which only a person or reconciliation settles),
-// whether its change listener is connected, and whether its sweeper keeps
-// up. The metrics read it at every scrape and the jobs page through
+// whether its change listener is connected, whether its sweeper keeps up,
+// and how many reads its waiters made. The metrics read it at every scrape and the jobs page through
 // GET /idempotency/counts; counting may scan the ledger, so it runs at most
 // once every countEvery per open ledger, however many scrapes and pages ask.
 
@@ -132,7 +132,7 @@ func holdOpenLedgers(failed func(error)) (ls []*shared, release func()) {
 // by ledger module: several open stores of one module (two PostgreSQL
 // databases) add up their jobs and show the worst of their health.
 type ledgerCollector struct {
-	jobs, oldestUnknown, listenerUp, sweepLag *prometheus.Desc
+	jobs, oldestUnknown, listenerUp, sweepLag, waitReads *prometheus.Desc
 }
 
 func newLedgerCollector() *ledgerCollector {
@@ -153,6 +153,11 @@ func newLedgerCollector() *ledgerCollector {
 			"Time since the ledger's sweeper last completed a pass (expired leases recorded, expired jobs removed), "+
 				"by ledger module; it runs every 10s.",
 			[]string{"ledger"}, nil),
+		waitReads: prometheus.NewDesc(name("ledger_wait_reads_total"),
+			"Reads of jobs the ledger made for requests waiting on a job in flight, by ledger module: the waiters of "+
+				"one job on one instance share a read, so one change costs one read however many duplicates wait; "+
+				"only for ledgers that share them (PostgreSQL, Redis).",
+			[]string{"ledger"}, nil),
 	}
 }
 
@@ -162,6 +167,7 @@ func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.oldestUnknown
 	ch <- c.listenerUp
 	ch <- c.sweepLag
+	ch <- c.waitReads
 }
 
 // Collect implements prometheus.Collector. A ledger whose count fails has
@@ -179,6 +185,8 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		listenerUp    bool
 		sweepLag      time.Duration
 		sweepLagKnown bool
+		hasWaitReads  bool
+		waitReads     uint64
 	}
 	kinds := make(map[string]*kind)
 	var order []string
@@ -203,6 +211,10 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 			k.hasListener = true
 			k.listenerUp = k.listenerUp && l.ListenerUp()
 		}
+		if r, ok := s.Ledger.(ledger.WaitReader); ok {
+			k.hasWaitReads = true
+			k.waitReads += r.WaitReads()
+		}
 		k.sweepLag = max(k.sweepLag, s.sweepLag())
 	}
 	for _, name := range order {
@@ -221,6 +233,9 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.listenerUp, prometheus.GaugeValue, up, name)
 		}
 		ch <- prometheus.MustNewConstMetric(c.sweepLag, prometheus.GaugeValue, k.sweepLag.Seconds(), name)
+		if k.hasWaitReads {
+			ch <- prometheus.MustNewConstMetric(c.waitReads, prometheus.CounterValue, float64(k.waitReads), name)
+		}
 	}
 }
 

@@ -284,3 +284,46 @@ func TestAlertsDocNamesMetrics(t *testing.T) {
 		}
 	}
 }
+
+// reading is a memory ledger whose waiters made a given number of reads.
+type reading struct {
+	*memory.Ledger
+	reads uint64
+}
+
+func (l *reading) WaitReads() uint64 { return l.reads }
+
+// TestLedgerWaitReadsMetric: the reads made for waiters are exported as a
+// counter by ledger module, the open ledgers of one module added up.
+func TestLedgerWaitReadsMetric(t *testing.T) {
+	putKindLedger(t, "waitreadstest", &reading{Ledger: memory.New(), reads: 3})
+	putKindLedger(t, "waitreadstest", &reading{Ledger: memory.New(), reads: 4})
+	putKindLedger(t, "nowaitreadstest", memory.New())
+	reg := prometheus.NewPedanticRegistry()
+	if _, err := newMetrics(reg, "srv0"); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "caddy_idempotency_ledger_wait_reads_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "ledger" {
+					got[lp.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if got["waitreadstest"] != 7 {
+		t.Errorf("wait reads of the module = %g, want 7", got["waitreadstest"])
+	}
+	if _, ok := got["nowaitreadstest"]; ok {
+		t.Error("wait reads exported for a ledger that does not count them")
+	}
+}

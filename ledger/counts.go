@@ -116,3 +116,12 @@ func (s *Subscriber) Up() bool {
 	defer s.mu.Unlock()
 	return !s.started || !s.down
 }
+
+// WaitReader is implemented by a ledger whose waiters (Ledger.Wait) share
+// their reads of a job (Subscriber.Wait): a metric of what duplicates cost.
+type WaitReader interface {
+	// WaitReads returns how many reads of jobs the ledger made for its
+	// waiters since it was opened: one per read, however many waiters
+	// shared it.
+	WaitReads() uint64
+}

@@ -23,7 +23,8 @@ type Subscriber struct {
 	session Session
 	lost    func(error) // called when a session ends before Close; may be nil
 
-	waiters Waiters // ready while a session is confirmed
+	waiters Waiters     // ready while a session is confirmed
+	reads   sharedReads // the reads of Wait
 
 	mu      sync.Mutex
 	started bool
@@ -56,17 +57,23 @@ func NewSubscriber(session Session, lost func(error)) *Subscriber {
 // miss a notification. down reports that the last session failed, so a
 // caller that may go on without notifications need not wait for ready.
 func (s *Subscriber) Register(jobID string) (ch <-chan struct{}, cancel func(), ready <-chan struct{}, down bool, err error) {
+	ch, _, cancel, ready, down, err = s.register(jobID)
+	return ch, cancel, ready, down, err
+}
+
+// register is Register, with the number of the registration (Waiters).
+func (s *Subscriber) register(jobID string) (ch <-chan struct{}, registered uint64, cancel func(), ready <-chan struct{}, down bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
-		return nil, nil, nil, true, ErrClosed
+		return nil, 0, nil, nil, true, ErrClosed
 	}
-	ch, cancel = s.waiters.Register(jobID)
+	ch, registered, cancel = s.waiters.register(jobID)
 	if !s.started {
 		s.started = true
 		go s.run()
 	}
-	return ch, cancel, s.waiters.Ready(), s.down, nil
+	return ch, registered, cancel, s.waiters.Ready(), s.down, nil
 }
 
 // Subscribe registers a waiter for jobID and returns once the subscription
@@ -137,3 +144,36 @@ func (s *Subscriber) Close() {
 		<-s.done
 	}
 }
+
+// Wait is the loop behind Ledger.Wait for a ledger whose waiters share this
+// subscription: it subscribes before the first read, so that no
+// notification between a read and the wait is missed, reads the job until
+// it settles (WaitSettled), and unsubscribes at the end. The waiters of one
+// job share reads (sharedReads says when one may join another's): N
+// duplicates woken by one notification make one read, not N. read reads
+// the job with leases applied and returns the ledger's clock at the read;
+// it runs with a context of its own, which ends when no waiter wants its
+// result any more.
+func (s *Subscriber) Wait(ctx context.Context, jobID string, read func(context.Context) (*Job, time.Time, error)) (*Job, error) {
+	ch, registered, cancel, ready, _, err := s.register(jobID)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.ctx.Done():
+		return nil, ErrClosed
+	}
+	return waitSettled(ctx, func(expired bool) (*Job, time.Time, <-chan struct{}, error) {
+		need := s.waiters.need(ch, jobID, registered, expired)
+		j, now, err := s.reads.read(ctx, jobID, need, s.waiters.stamp, read)
+		return j, now, ch, err
+	})
+}
+
+// WaitReads returns how many reads the waiters of Wait made: one per read
+// shared, however many shared it.
+func (s *Subscriber) WaitReads() uint64 { return s.reads.count.Load() }

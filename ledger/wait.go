@@ -13,8 +13,15 @@ import (
 // ReadAt set: the ledger's clock at the read, moved on by the time waited
 // since (measured, not read off the local clock).
 func WaitSettled(ctx context.Context, read func() (*Job, time.Time, <-chan struct{}, error)) (*Job, error) {
+	return waitSettled(ctx, func(bool) (*Job, time.Time, <-chan struct{}, error) { return read() })
+}
+
+// waitSettled is WaitSettled, telling read whether it reads because the
+// earliest lease ran out (rather than for the first time or after a change).
+func waitSettled(ctx context.Context, read func(expired bool) (*Job, time.Time, <-chan struct{}, error)) (*Job, error) {
+	expired := false
 	for {
-		j, now, changed, err := read()
+		j, now, changed, err := read(expired)
 		if err != nil {
 			return nil, err
 		}
@@ -31,11 +38,13 @@ func WaitSettled(ctx context.Context, read func() (*Job, time.Time, <-chan struc
 			timer = time.NewTimer(d.Sub(now))
 			expire = timer.C
 		}
+		expired = false
 		select {
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-changed:
 		case <-expire:
+			expired = true
 		}
 		if timer != nil {
 			timer.Stop()
@@ -56,19 +65,4 @@ func nextDeadline(j *Job) (time.Time, bool) {
 		}
 	}
 	return d, !d.IsZero()
-}
-
-// WaitSubscribed is WaitSettled for ledgers that notify each waiter on one
-// channel: it subscribes before the first read, so that no notification
-// between the read and the wait is missed, and unsubscribes at the end.
-func WaitSubscribed(ctx context.Context, subscribe func() (<-chan struct{}, func(), error), read func() (*Job, time.Time, error)) (*Job, error) {
-	changed, unsubscribe, err := subscribe()
-	if err != nil {
-		return nil, err
-	}
-	defer unsubscribe()
-	return WaitSettled(ctx, func() (*Job, time.Time, <-chan struct{}, error) {
-		j, now, err := read()
-		return j, now, changed, err
-	})
 }

@@ -13,10 +13,19 @@ import "sync"
 // waiter registers, then waits for Ready before it reads, so that its read
 // cannot miss a change. The zero value is ready for use, with the gate
 // shut. Its methods are safe for concurrent use and never block.
+//
+// Every event (a registration, a Wake, a SetReady) takes the next number of
+// one sequence, and the registry remembers the number of each waiter's
+// registration, of each job's last wake and of the last SetReady: a read
+// that started after a waiter's events (stamp, since) tells it everything
+// they could have told it, which is what lets waiters share reads.
 type Waiters struct {
 	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{}
-	ready   chan struct{} // closed while the gate is open
+	waiters map[string]map[chan struct{}]uint64 // by job: each channel's registration
+	woken   map[string]uint64                   // by job with waiters: its last Wake
+	seq     uint64                              // the last event's number
+	readied uint64                              // the last SetReady's number
+	ready   chan struct{}                       // closed while the gate is open
 	open    bool
 }
 
@@ -24,17 +33,26 @@ type Waiters struct {
 // (one at most pending) on every Wake of the job and every SetReady; cancel
 // removes the waiter and may be called more than once.
 func (w *Waiters) Register(jobID string) (<-chan struct{}, func()) {
+	ch, _, cancel := w.register(jobID)
+	return ch, cancel
+}
+
+// register is Register, with the number of the registration.
+func (w *Waiters) register(jobID string) (<-chan struct{}, uint64, func()) {
 	ch := make(chan struct{}, 1)
 	w.mu.Lock()
 	if w.waiters == nil {
-		w.waiters = make(map[string]map[chan struct{}]struct{})
+		w.waiters = make(map[string]map[chan struct{}]uint64)
+		w.woken = make(map[string]uint64)
 	}
 	set := w.waiters[jobID]
 	if set == nil {
-		set = make(map[chan struct{}]struct{})
+		set = make(map[chan struct{}]uint64)
 		w.waiters[jobID] = set
 	}
-	set[ch] = struct{}{}
+	w.seq++
+	at := w.seq
+	set[ch] = at
 	w.mu.Unlock()
 	cancel := func() {
 		w.mu.Lock()
@@ -43,17 +61,24 @@ func (w *Waiters) Register(jobID string) (<-chan struct{}, func()) {
 			delete(set, ch)
 			if len(set) == 0 {
 				delete(w.waiters, jobID)
+				delete(w.woken, jobID)
 			}
 		}
 	}
-	return ch, cancel
+	return ch, at, cancel
 }
 
 // Wake wakes the waiters of jobID.
 func (w *Waiters) Wake(jobID string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for ch := range w.waiters[jobID] {
+	set := w.waiters[jobID]
+	if len(set) == 0 {
+		return // no waiter to tell: one that registers later reads after it
+	}
+	w.seq++
+	w.woken[jobID] = w.seq
+	for ch := range set {
 		wake(ch)
 	}
 }
@@ -67,6 +92,8 @@ func (w *Waiters) SetReady() {
 		close(w.gate())
 		w.open = true
 	}
+	w.seq++
+	w.readied = w.seq
 	for _, set := range w.waiters {
 		for ch := range set {
 			wake(ch)
@@ -91,6 +118,39 @@ func (w *Waiters) Ready() <-chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.gate()
+}
+
+// stamp returns the number of the last event: a read that starts after
+// stamp returns started after every event numbered up to it.
+func (w *Waiters) stamp() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seq
+}
+
+// need returns the stamp a read must have for the waiter of jobID with
+// channel ch, registered as registered, to take its result, and empties ch,
+// in one step. The stamp is the number of the last event that may have told
+// the waiter something: its registration, the last SetReady and the job's
+// last Wake, or, with expired (the waiter saw a lease deadline pass), a new
+// event. A read stamped at least as high started after all of them, so the
+// waiter misses nothing by taking its result, and a wake-up pending in ch
+// came from one of them: it is spent. Taking both under the lock that Wake
+// and SetReady hold keeps a wake-up from landing between them, where it
+// would be left pending although the stamp covers it, and send the waiter
+// to read again for nothing.
+func (w *Waiters) need(ch <-chan struct{}, jobID string, registered uint64, expired bool) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case <-ch:
+	default:
+	}
+	if expired {
+		w.seq++
+		return w.seq
+	}
+	return max(registered, w.readied, w.woken[jobID])
 }
 
 // gate returns the current gate channel, making the first; w.mu is held.

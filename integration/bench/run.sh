@@ -6,7 +6,8 @@
 # load on each master, and the top entries of the gateway's CPU and
 # allocation profiles under each fresh series (the profiles are saved in
 # integration/bench/out/, which git ignores); then 10,000 clients waiting on
-# one key, and a 5-minute memory soak. Installs wrk from Debian packages
+# one key (memory and PostgreSQL ledgers, beside plain Caddy answering as
+# many requests fired at once), and a 5-minute memory soak. Installs wrk from Debian packages
 # when missing; starts throwaway PostgreSQL, Redis and Redis Cluster servers
 # (see ../services.sh). About 13 minutes.
 #

@@ -38,12 +38,16 @@ func newListener(cfg *pgx.ConnConfig, channel string) *ledger.Subscriber {
 }
 
 // Wait implements ledger.Ledger: it subscribes before it reads, and reads
-// again after each notification, reconnect, or lease deadline.
+// again after each notification, reconnect, or lease deadline; the waiters of
+// one job on this instance share reads (ledger.Subscriber.Wait).
 func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 	if !validID(jobID) {
 		return nil, ledger.ErrNotFound
 	}
-	return ledger.WaitSubscribed(ctx,
-		func() (<-chan struct{}, func(), error) { return l.listen.Subscribe(ctx, jobID) },
-		func() (*ledger.Job, time.Time, error) { return l.load(ctx, jobID) })
+	return l.listen.Wait(ctx, jobID, func(ctx context.Context) (*ledger.Job, time.Time, error) {
+		return l.load(ctx, jobID)
+	})
 }
+
+// WaitReads implements ledger.WaitReader.
+func (l *Ledger) WaitReads() uint64 { return l.listen.WaitReads() }
