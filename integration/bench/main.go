@@ -58,7 +58,7 @@ func main() {
 	flag.StringVar(&cfg.profiles, "profiles", "", "save CPU and allocation profiles of the gateway under each fresh series in this directory (\"\": none)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each measured run")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "length of the unmeasured run before a series")
-	flag.IntVar(&cfg.reps, "reps", 3, "measured runs per series (the median is reported)")
+	flag.IntVar(&cfg.reps, "reps", 5, "measured runs per series (the median is reported)")
 	flag.IntVar(&cfg.connections, "connections", 32, "concurrent connections (and pgbench clients)")
 	flag.IntVar(&cfg.threads, "threads", 2, "wrk and pgbench threads")
 	only := flag.String("only", "", "run only the series whose names match this regular expression")
