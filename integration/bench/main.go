@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -37,6 +38,7 @@ type config struct {
 	only             *regexp.Regexp
 	waiters          int
 	soak             time.Duration
+	pin              bool // the load generators and the server under test each on a core of its own
 }
 
 // transport is the same upstream transport in every Caddyfile: Caddy's
@@ -64,9 +66,13 @@ func main() {
 	only := flag.String("only", "", "run only the series whose names match this regular expression")
 	flag.IntVar(&cfg.waiters, "waiters", 10000, "clients waiting on one in-flight key (0: skip)")
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
+	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
 	if cfg.gateway == "" || cfg.plain == "" {
 		log.Fatal("bench: -gateway and -plain are required (run ./integration/bench/run.sh)")
+	}
+	if _, err := exec.LookPath("taskset"); cfg.pin && err != nil {
+		log.Fatalf("bench: -pin needs taskset (util-linux): %v", err)
 	}
 	cfg.only = regexp.MustCompile(*only)
 	if cfg.profiles != "" {
@@ -90,6 +96,7 @@ func main() {
 	}
 	defer os.RemoveAll(cfg.work)
 
+	printSettings(os.Stdout, cfg)
 	up := startUpstream()
 	results := runSeries(cfg, up)
 	printTable(os.Stdout, results)
@@ -105,6 +112,17 @@ func main() {
 		if err := soak(cfg, up, os.Stdout); err != nil {
 			log.Fatal(err)
 		}
+	}
+}
+
+// printSettings prints how the series run, as the output's first lines.
+func printSettings(w io.Writer, cfg config) {
+	fmt.Fprintf(w, "each series: a %v warm-up, then the median of %d runs of %v; wrk with %d threads and %d connections\n",
+		cfg.warmup, cfg.reps, cfg.duration, cfg.threads, cfg.connections)
+	if cfg.pin {
+		fmt.Fprintf(w, "pinning: on (wrk and pgbench on CPU %s, the gateway and plain Caddy on CPU %s; PostgreSQL, Redis and the upstream not pinned)\n", loadCPU, serverCPU)
+	} else {
+		fmt.Fprintf(w, "pinning: off (every process on any core; -pin puts the load and the server under test on a core each)\n")
 	}
 }
 
@@ -262,7 +280,7 @@ type measured struct {
 // then profiles one more run when cfg.profiles names a directory.
 func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 	var m measured
-	srv, err := startServer(s.binary, cfg.work, s.name, "", s.site)
+	srv, err := startServer(cfg, s.binary, s.name, "", s.site)
 	if err != nil {
 		return m, err
 	}

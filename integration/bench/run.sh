@@ -10,7 +10,7 @@
 # when missing; starts throwaway PostgreSQL, Redis and Redis Cluster servers
 # (see ../services.sh). About 13 minutes.
 #
-# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 5] [-only REGEXP] [-soak 5m] [-waiters 10000] [-profiles DIR]
+# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 5] [-only REGEXP] [-soak 5m] [-waiters 10000] [-profiles DIR] [-pin]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . integration/services.sh

@@ -37,7 +37,7 @@ func benchWaiters(cfg config, w io.Writer) error {
 		io.WriteString(rw, answer)
 	}))
 	site := "\tidempotency {\n\t\tledger memory\n\t\tattempt_timeout 2m\n\t\tin_flight wait 2m\n\t}\n\treverse_proxy " + l.Addr().String() + "\n"
-	srv, err := startServer(cfg.gateway, cfg.work, "waiters", "\tmetrics\n", site)
+	srv, err := startServer(cfg, cfg.gateway, "waiters", "\tmetrics\n", site)
 	if err != nil {
 		return err
 	}
