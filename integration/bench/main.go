@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -98,11 +99,16 @@ func main() {
 
 	printSettings(os.Stdout, cfg)
 	up := startUpstream()
-	results := runSeries(cfg, up)
-	printTable(os.Stdout, results)
-	printLedgerTimes(os.Stdout, results)
-	printRedisLoad(os.Stdout, results)
-	printProfiles(os.Stdout, cfg.profiles, results)
+	results, err := runSeries(cfg, up)
+	if results != nil {
+		printTable(os.Stdout, results)
+		printLedgerTimes(os.Stdout, results)
+		printRedisLoad(os.Stdout, results)
+		printProfiles(os.Stdout, cfg.profiles, results)
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
 	if cfg.waiters > 0 && cfg.only.MatchString("waiters") {
 		if err := benchWaiters(cfg, os.Stdout); err != nil {
 			log.Fatal(err)
@@ -124,6 +130,7 @@ func printSettings(w io.Writer, cfg config) {
 	} else {
 		fmt.Fprintf(w, "pinning: off (every process on any core; -pin puts the load and the server under test on a core each)\n")
 	}
+	fmt.Fprintf(w, "durability: the PostgreSQL and Redis series with %v; the _nodurable rows with %v\n", durable, nondurable)
 }
 
 // upstream is the API behind the gateway: it answers a small JSON body and
@@ -174,6 +181,9 @@ type series struct {
 	baseline string
 	target   target
 	redis    string // the Redis URL of the ledger, for fresh series whose load on it is measured
+	// What the series asks of PostgreSQL and Redis: the series on them
+	// run durable, their fresh series once more without durability.
+	durability durability
 }
 
 // target is what a series must reach against its baseline, judged on the
@@ -196,7 +206,10 @@ func (t target) met(r, b result) bool {
 	return r.rps/b.rps >= t.ratio && (t.extraCPU == 0 || r.cpu-b.cpu <= t.extraCPU)
 }
 
-func runSeries(cfg config, up *upstream) []result {
+// runSeries measures every series -only selects, in the order of the
+// list, and gives PostgreSQL and Redis back their durability settings at
+// the end; on an error, it returns no results.
+func runSeries(cfg config, up *upstream) (results []result, err error) {
 	proxy := "\treverse_proxy " + up.addr + " " + transport + "\n"
 	gw := func(ledger string) string {
 		return "\tidempotency {\n\t\t" + ledger + "\n\t}\n" + proxy
@@ -217,25 +230,43 @@ func runSeries(cfg config, up *upstream) []result {
 		{name: "memory_replay", mode: "replay", site: gw("ledger memory"), baseline: "plain_respond", target: target{ratio: 0.9}},
 		{name: "file_fresh", mode: "fresh", site: gw("ledger file"), baseline: "plain_reverse_proxy", target: target{ratio: 0.75}},
 		{name: "file_replay", mode: "replay", site: gw("ledger file"), baseline: "plain_respond", target: target{ratio: 0.9}},
-		{name: "postgres_fresh", mode: "fresh", site: gw(pg), baseline: "pgbench_ledger_sql", target: target{ratio: 0.8}},
-		{name: "pgbench_ledger_sql", mode: "pgbench"},
-		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond", target: target{ratio: 0.9}},
-		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "postgres_fresh", target: target{ratio: 0.95}},
-		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: target{ratio: 0.9}},
-		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", target: target{ratio: 0.6}, redis: cfg.redis},
-		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond", target: target{ratio: 0.9}},
+		{name: "postgres_fresh", mode: "fresh", site: gw(pg), baseline: "pgbench_ledger_sql", target: target{ratio: 0.8}, durability: durable},
+		{name: "pgbench_ledger_sql", mode: "pgbench", durability: durable},
+		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
+		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "postgres_fresh", target: target{ratio: 0.95}, durability: durable},
+		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
+		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", target: target{ratio: 0.6}, redis: cfg.redis, durability: durable},
+		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
 	}
 	// The same two series on the cluster, next to the single server's,
 	// with no target: the ratio is the cluster's over one server's.
 	if cfg.redisCluster != "" {
 		list = append(list,
-			series{name: "redis-cluster_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_fresh", redis: cfg.redisCluster},
-			series{name: "redis-cluster_replay", mode: "replay", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_replay"})
+			series{name: "redis-cluster_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_fresh", redis: cfg.redisCluster, durability: durable},
+			series{name: "redis-cluster_replay", mode: "replay", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_replay", durability: durable})
 	} else if cfg.only.MatchString("redis-cluster_fresh") {
 		log.Printf("no Redis Cluster (-redis-cluster, ONEJOB_TEST_REDIS_CLUSTER): skipping its series")
 	}
+	// Then the durable fresh series once more without durability, each
+	// against its durable row (the ratio: how much faster without it),
+	// with no target.
+	var nondurables []series
+	for _, s := range list {
+		if s.durability == durable && s.mode != "replay" {
+			s.name, s.baseline, s.target, s.durability = s.name+"_nodurable", s.name, target{}, nondurable
+			nondurables = append(nondurables, s)
+		}
+	}
+	list = append(list, nondurables...)
+
+	ctx := context.Background()
+	sw := &durabilitySwitch{cfg: cfg}
+	defer func() {
+		if rerr := sw.restore(ctx); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("bench: restoring the durability settings: %w", rerr))
+		}
+	}()
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
-	var results []result
 	for _, s := range list {
 		if !cfg.only.MatchString(s.name) {
 			continue
@@ -243,27 +274,27 @@ func runSeries(cfg config, up *upstream) []result {
 		if s.binary == "" {
 			s.binary = cfg.gateway
 		}
-		var (
-			m   measured
-			err error
-		)
+		if err := sw.set(ctx, s.durability); err != nil {
+			return nil, fmt.Errorf("bench: %s: durability: %w", s.name, err)
+		}
+		var m measured
 		if s.mode == "pgbench" {
 			m.samples, err = measurePgbench(cfg)
 		} else {
 			m, err = measure(cfg, up, s, run)
 		}
 		if err != nil {
-			log.Fatalf("bench: %s: %v", s.name, err)
+			return nil, fmt.Errorf("bench: %s: %w", s.name, err)
 		}
 		r := median(m.samples)
 		r.name, r.peakRSS = s.name, m.peak
 		r.baseline, r.target = s.baseline, s.target
 		r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
 		r.profile, r.redis = m.profile, m.redis
-		log.Printf("%-22s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
+		log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
 		results = append(results, r)
 	}
-	return results
+	return results, nil
 }
 
 // measured is what measure found for one series.
@@ -436,7 +467,7 @@ func printTable(w io.Writer, results []result) {
 		byName[r.name] = r
 	}
 	var met, missed, unjudged int
-	fmt.Fprintf(w, "\n%-22s %8s %8s %8s %9s %8s  %-20s %6s %8s  %s\n",
+	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s  %-20s %6s %8s  %s\n",
 		"series", "req/s", "p50-ms", "p99-ms", "cpu-us/req", "peak-MiB", "baseline", "ratio", "+cpu-us", "target")
 	for _, r := range results {
 		cpu, rss := "-", "-"
@@ -467,7 +498,7 @@ func printTable(w io.Writer, results []result) {
 				missed++
 			}
 		}
-		fmt.Fprintf(w, "%-22s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
+		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
 			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, goal)
 	}
 	fmt.Fprintf(w, "targets: %d met, %d missed", met, missed)
@@ -492,11 +523,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // request's latency: the completion is what an asynchronous completion
 // would take off the client's wait.
 func printLedgerTimes(w io.Writer, results []result) {
-	fmt.Fprintf(w, "\n%-22s %11s %12s %8s  %s\n", "series", "reserve-ms", "complete-ms", "p50-ms", "completion's share of p50")
+	fmt.Fprintf(w, "\n%-30s %11s %12s %8s  %s\n", "series", "reserve-ms", "complete-ms", "p50-ms", "completion's share of p50")
 	for _, r := range results {
 		if r.complete == 0 || r.p50 == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "%-22s %11.3f %12.3f %8.2f  %.0f%%\n", r.name, ms(r.reserve), ms(r.complete), ms(r.p50), 100*float64(r.complete)/float64(r.p50))
+		fmt.Fprintf(w, "%-30s %11.3f %12.3f %8.2f  %.0f%%\n", r.name, ms(r.reserve), ms(r.complete), ms(r.p50), 100*float64(r.complete)/float64(r.p50))
 	}
 }
