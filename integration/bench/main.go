@@ -75,6 +75,16 @@ func main() {
 	if _, err := exec.LookPath("taskset"); cfg.pin && err != nil {
 		log.Fatalf("bench: -pin needs taskset (util-linux): %v", err)
 	}
+	// wrk and pgbench run for whole seconds: a shorter run would be none.
+	for _, f := range []struct {
+		name string
+		d    *time.Duration
+	}{{"duration", &cfg.duration}, {"warmup", &cfg.warmup}} {
+		if whole := max(time.Second, (*f.d + time.Second - 1).Truncate(time.Second)); whole != *f.d {
+			log.Printf("bench: -%s %v rounded up to %v: wrk and pgbench run for whole seconds", f.name, *f.d, whole)
+			*f.d = whole
+		}
+	}
 	cfg.only = regexp.MustCompile(*only)
 	if cfg.profiles != "" {
 		if err := os.MkdirAll(cfg.profiles, 0o755); err != nil {
