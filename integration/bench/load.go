@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -28,7 +27,7 @@ func runWrk(cfg config, url string, d time.Duration, mode, prefix string, keys i
 		"-d", fmt.Sprintf("%.0fs", d.Seconds()), "--latency", "--timeout", "10s",
 		"-s", filepath.Join(cfg.dir, "request.lua"), url + "/charges",
 		"--", mode, prefix, strconv.Itoa(keys)}
-	out, err := exec.Command(cfg.wrk, args...).CombinedOutput()
+	out, err := cfg.command(loadCPU, cfg.wrk, args...).CombinedOutput()
 	if err != nil {
 		return sample{}, fmt.Errorf("wrk: %v\n%s", err, out)
 	}
@@ -82,7 +81,7 @@ func runPgbench(cfg config, dsn, schema string, d time.Duration) (sample, error)
 		return sample{}, err
 	}
 	defer os.RemoveAll(logDir)
-	cmd := exec.Command(cfg.pgbench, "-n", "-M", "prepared",
+	cmd := cfg.command(loadCPU, cfg.pgbench, "-n", "-M", "prepared",
 		"-c", strconv.Itoa(cfg.connections), "-j", strconv.Itoa(cfg.threads),
 		"-T", fmt.Sprintf("%.0f", d.Seconds()),
 		"-f", filepath.Join(cfg.dir, "ledger.pgbench"),

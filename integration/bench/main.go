@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -37,6 +39,7 @@ type config struct {
 	only             *regexp.Regexp
 	waiters          int
 	soak             time.Duration
+	pin              bool // the load generators and the server under test each on a core of its own
 }
 
 // transport is the same upstream transport in every Caddyfile: Caddy's
@@ -58,15 +61,29 @@ func main() {
 	flag.StringVar(&cfg.profiles, "profiles", "", "save CPU and allocation profiles of the gateway under each fresh series in this directory (\"\": none)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each measured run")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "length of the unmeasured run before a series")
-	flag.IntVar(&cfg.reps, "reps", 3, "measured runs per series (the median is reported)")
+	flag.IntVar(&cfg.reps, "reps", 5, "measured runs per series (the median is reported)")
 	flag.IntVar(&cfg.connections, "connections", 32, "concurrent connections (and pgbench clients)")
 	flag.IntVar(&cfg.threads, "threads", 2, "wrk and pgbench threads")
 	only := flag.String("only", "", "run only the series whose names match this regular expression")
 	flag.IntVar(&cfg.waiters, "waiters", 10000, "clients waiting on one in-flight key (0: skip)")
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
+	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
 	if cfg.gateway == "" || cfg.plain == "" {
 		log.Fatal("bench: -gateway and -plain are required (run ./integration/bench/run.sh)")
+	}
+	if _, err := exec.LookPath("taskset"); cfg.pin && err != nil {
+		log.Fatalf("bench: -pin needs taskset (util-linux): %v", err)
+	}
+	// wrk and pgbench run for whole seconds: a shorter run would be none.
+	for _, f := range []struct {
+		name string
+		d    *time.Duration
+	}{{"duration", &cfg.duration}, {"warmup", &cfg.warmup}} {
+		if whole := max(time.Second, (*f.d + time.Second - 1).Truncate(time.Second)); whole != *f.d {
+			log.Printf("bench: -%s %v rounded up to %v: wrk and pgbench run for whole seconds", f.name, *f.d, whole)
+			*f.d = whole
+		}
 	}
 	cfg.only = regexp.MustCompile(*only)
 	if cfg.profiles != "" {
@@ -90,12 +107,18 @@ func main() {
 	}
 	defer os.RemoveAll(cfg.work)
 
+	printSettings(os.Stdout, cfg)
 	up := startUpstream()
-	results := runSeries(cfg, up)
-	printTable(os.Stdout, results)
-	printLedgerTimes(os.Stdout, results)
-	printRedisLoad(os.Stdout, results)
-	printProfiles(os.Stdout, cfg.profiles, results)
+	results, err := runSeries(cfg, up)
+	if results != nil {
+		printTable(os.Stdout, results)
+		printLedgerTimes(os.Stdout, results)
+		printRedisLoad(os.Stdout, results)
+		printProfiles(os.Stdout, cfg.profiles, results)
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
 	if cfg.waiters > 0 && cfg.only.MatchString("waiters") {
 		if err := benchWaiters(cfg, os.Stdout); err != nil {
 			log.Fatal(err)
@@ -106,6 +129,18 @@ func main() {
 			log.Fatal(err)
 		}
 	}
+}
+
+// printSettings prints how the series run, as the output's first lines.
+func printSettings(w io.Writer, cfg config) {
+	fmt.Fprintf(w, "each series: a %v warm-up, then the median of %d runs of %v; wrk with %d threads and %d connections\n",
+		cfg.warmup, cfg.reps, cfg.duration, cfg.threads, cfg.connections)
+	if cfg.pin {
+		fmt.Fprintf(w, "pinning: on (wrk and pgbench on CPU %s, the gateway and plain Caddy on CPU %s; PostgreSQL, Redis and the upstream not pinned)\n", loadCPU, serverCPU)
+	} else {
+		fmt.Fprintf(w, "pinning: off (every process on any core; -pin puts the load and the server under test on a core each)\n")
+	}
+	fmt.Fprintf(w, "durability: the PostgreSQL and Redis series with %v; the _nodurable rows with %v\n", durable, nondurable)
 }
 
 // upstream is the API behind the gateway: it answers a small JSON body and
@@ -139,8 +174,7 @@ type result struct {
 	cpu      time.Duration // per request; 0 when not measured
 	peakRSS  int64         // bytes; 0 when not measured
 	baseline string        // the series it is compared with
-	target   float64       // minimum ratio to the baseline; 0 when none
-	extraCPU time.Duration // maximum CPU per request over the baseline's; 0 when none
+	target   target        // what it must reach against the baseline
 	// Mean ledger time per request, by operation, from the gateway's
 	// caddy_idempotency_ledger_seconds (fresh series).
 	reserve, complete time.Duration
@@ -155,12 +189,37 @@ type series struct {
 	site     string // the site block's body
 	mode     string // request.lua's mode: plain, fresh, replay
 	baseline string
-	target   float64
-	extraCPU time.Duration
+	target   target
 	redis    string // the Redis URL of the ledger, for fresh series whose load on it is measured
+	// What the series asks of PostgreSQL and Redis: the series on them
+	// run durable, their fresh series once more without durability.
+	durability durability
 }
 
-func runSeries(cfg config, up *upstream) []result {
+// target is what a series must reach against its baseline, judged on the
+// medians; the zero target is none.
+type target struct {
+	ratio    float64       // minimum requests/s, as a ratio to the baseline's
+	extraCPU time.Duration // maximum CPU per request over the baseline's; 0 for no limit
+}
+
+func (t target) String() string {
+	s := fmt.Sprintf(">= %gx", t.ratio)
+	if t.extraCPU > 0 {
+		s += fmt.Sprintf(", <= +%g us", float64(t.extraCPU)/float64(time.Microsecond))
+	}
+	return s
+}
+
+// met says whether r reached the target against its baseline b.
+func (t target) met(r, b result) bool {
+	return r.rps/b.rps >= t.ratio && (t.extraCPU == 0 || r.cpu-b.cpu <= t.extraCPU)
+}
+
+// runSeries measures every series -only selects, in the order of the
+// list, and gives PostgreSQL and Redis back their durability settings at
+// the end; on an error, it returns no results.
+func runSeries(cfg config, up *upstream) (results []result, err error) {
 	proxy := "\treverse_proxy " + up.addr + " " + transport + "\n"
 	gw := func(ledger string) string {
 		return "\tidempotency {\n\t\t" + ledger + "\n\t}\n" + proxy
@@ -169,32 +228,55 @@ func runSeries(cfg config, up *upstream) []result {
 	// (pgx's default is 4 on this machine): the same resources on both
 	// sides of the comparison.
 	pg := "ledger postgres " + withParam(cfg.postgres, "pool_max_conns", strconv.Itoa(cfg.connections)) + " bench"
+	// Each series with its baseline and its target: fresh keys against
+	// plain Caddy's reverse proxy, PostgreSQL's against its own SQL run by
+	// pgbench, the cache's against PostgreSQL without it (the cache must
+	// not tax fresh keys); replays against plain Caddy answering by itself.
 	list := []series{
 		{name: "plain_respond", binary: cfg.plain, mode: "plain",
 			site: "\theader Content-Type application/json\n\trespond `" + answer + "` 200\n"},
 		{name: "plain_reverse_proxy", binary: cfg.plain, mode: "plain", site: proxy},
-		{name: "memory_fresh", mode: "fresh", site: gw("ledger memory"), baseline: "plain_reverse_proxy", target: 0.9, extraCPU: 15 * time.Microsecond},
-		{name: "memory_replay", mode: "replay", site: gw("ledger memory"), baseline: "plain_respond", target: 0.8},
-		{name: "file_fresh", mode: "fresh", site: gw("ledger file"), baseline: "plain_reverse_proxy", target: 0.5},
-		{name: "file_replay", mode: "replay", site: gw("ledger file"), baseline: "plain_respond", target: 0.8},
-		{name: "postgres_fresh", mode: "fresh", site: gw(pg), baseline: "pgbench_ledger_sql", target: 0.7},
-		{name: "pgbench_ledger_sql", mode: "pgbench"},
-		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond"},
-		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_reverse_proxy"},
-		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: 0.7},
-		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", redis: cfg.redis},
-		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond"},
+		{name: "memory_fresh", mode: "fresh", site: gw("ledger memory"), baseline: "plain_reverse_proxy", target: target{ratio: 0.9, extraCPU: 30 * time.Microsecond}},
+		{name: "memory_replay", mode: "replay", site: gw("ledger memory"), baseline: "plain_respond", target: target{ratio: 0.9}},
+		{name: "file_fresh", mode: "fresh", site: gw("ledger file"), baseline: "plain_reverse_proxy", target: target{ratio: 0.75}},
+		{name: "file_replay", mode: "replay", site: gw("ledger file"), baseline: "plain_respond", target: target{ratio: 0.9}},
+		{name: "postgres_fresh", mode: "fresh", site: gw(pg), baseline: "pgbench_ledger_sql", target: target{ratio: 0.8}, durability: durable},
+		{name: "pgbench_ledger_sql", mode: "pgbench", durability: durable},
+		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
+		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "postgres_fresh", target: target{ratio: 0.95}, durability: durable},
+		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
+		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", target: target{ratio: 0.6}, redis: cfg.redis, durability: durable},
+		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
 	}
-	// The same two series on the cluster, next to the single server's.
+	// The same two series on the cluster, next to the single server's,
+	// with no target: the ratio is the cluster's over one server's.
 	if cfg.redisCluster != "" {
 		list = append(list,
-			series{name: "redis-cluster_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_fresh", redis: cfg.redisCluster},
-			series{name: "redis-cluster_replay", mode: "replay", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_replay"})
+			series{name: "redis-cluster_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_fresh", redis: cfg.redisCluster, durability: durable},
+			series{name: "redis-cluster_replay", mode: "replay", site: gw("ledger redis " + cfg.redisCluster + " bench:"), baseline: "redis_replay", durability: durable})
 	} else if cfg.only.MatchString("redis-cluster_fresh") {
 		log.Printf("no Redis Cluster (-redis-cluster, ONEJOB_TEST_REDIS_CLUSTER): skipping its series")
 	}
+	// Then the durable fresh series once more without durability, each
+	// against its durable row (the ratio: how much faster without it),
+	// with no target.
+	var nondurables []series
+	for _, s := range list {
+		if s.durability == durable && s.mode != "replay" {
+			s.name, s.baseline, s.target, s.durability = s.name+"_nodurable", s.name, target{}, nondurable
+			nondurables = append(nondurables, s)
+		}
+	}
+	list = append(list, nondurables...)
+
+	ctx := context.Background()
+	sw := &durabilitySwitch{cfg: cfg}
+	defer func() {
+		if rerr := sw.restore(ctx); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("bench: restoring the durability settings: %w", rerr))
+		}
+	}()
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
-	var results []result
 	for _, s := range list {
 		if !cfg.only.MatchString(s.name) {
 			continue
@@ -202,27 +284,27 @@ func runSeries(cfg config, up *upstream) []result {
 		if s.binary == "" {
 			s.binary = cfg.gateway
 		}
-		var (
-			m   measured
-			err error
-		)
+		if err := sw.set(ctx, s.durability); err != nil {
+			return nil, fmt.Errorf("bench: %s: durability: %w", s.name, err)
+		}
+		var m measured
 		if s.mode == "pgbench" {
 			m.samples, err = measurePgbench(cfg)
 		} else {
 			m, err = measure(cfg, up, s, run)
 		}
 		if err != nil {
-			log.Fatalf("bench: %s: %v", s.name, err)
+			return nil, fmt.Errorf("bench: %s: %w", s.name, err)
 		}
 		r := median(m.samples)
 		r.name, r.peakRSS = s.name, m.peak
-		r.baseline, r.target, r.extraCPU = s.baseline, s.target, s.extraCPU
+		r.baseline, r.target = s.baseline, s.target
 		r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
 		r.profile, r.redis = m.profile, m.redis
-		log.Printf("%-22s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
+		log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
 		results = append(results, r)
 	}
-	return results
+	return results, nil
 }
 
 // measured is what measure found for one series.
@@ -239,7 +321,7 @@ type measured struct {
 // then profiles one more run when cfg.profiles names a directory.
 func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 	var m measured
-	srv, err := startServer(s.binary, cfg.work, s.name, "", s.site)
+	srv, err := startServer(cfg, s.binary, s.name, "", s.site)
 	if err != nil {
 		return m, err
 	}
@@ -387,13 +469,15 @@ func median(samples []sample) result {
 	}
 }
 
-// printTable prints one row per series with its ratio to its baseline.
+// printTable prints one row per series with its ratio to its baseline and
+// whether it met its target, then how many targets were met.
 func printTable(w io.Writer, results []result) {
 	byName := map[string]result{}
 	for _, r := range results {
 		byName[r.name] = r
 	}
-	fmt.Fprintf(w, "\n%-22s %8s %8s %8s %9s %8s  %-20s %6s %8s  %s\n",
+	var met, missed, unjudged int
+	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s  %-20s %6s %8s  %s\n",
 		"series", "req/s", "p50-ms", "p99-ms", "cpu-us/req", "peak-MiB", "baseline", "ratio", "+cpu-us", "target")
 	for _, r := range results {
 		cpu, rss := "-", "-"
@@ -403,30 +487,35 @@ func printTable(w io.Writer, results []result) {
 		if r.peakRSS > 0 {
 			rss = fmt.Sprintf("%.1f", float64(r.peakRSS)/(1<<20))
 		}
-		ratio, extra, target := "", "", ""
-		if b, ok := byName[r.baseline]; ok {
-			q := r.rps / b.rps
-			ratio = fmt.Sprintf("%.2fx", q)
+		ratio, extra, goal := "", "", ""
+		b, ok := byName[r.baseline]
+		if ok {
+			ratio = fmt.Sprintf("%.2fx", r.rps/b.rps)
 			if r.cpu > 0 && b.cpu > 0 {
 				extra = fmt.Sprintf("%+.1f", float64(r.cpu-b.cpu)/float64(time.Microsecond))
 			}
-			if r.target > 0 {
-				met := q >= r.target
-				target = fmt.Sprintf(">= %.1fx", r.target)
-				if r.extraCPU > 0 {
-					target += fmt.Sprintf(", <= +%.0f us", float64(r.extraCPU)/float64(time.Microsecond))
-					met = met && r.cpu-b.cpu <= r.extraCPU
-				}
-				if met {
-					target += " met"
-				} else {
-					target += " MISSED"
-				}
+		}
+		if r.target != (target{}) {
+			switch {
+			case !ok:
+				goal = r.target.String() + " (baseline not run)"
+				unjudged++
+			case r.target.met(r, b):
+				goal = r.target.String() + " met"
+				met++
+			default:
+				goal = r.target.String() + " MISSED"
+				missed++
 			}
 		}
-		fmt.Fprintf(w, "%-22s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
-			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, target)
+		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
+			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, goal)
 	}
+	fmt.Fprintf(w, "targets: %d met, %d missed", met, missed)
+	if unjudged > 0 {
+		fmt.Fprintf(w, ", %d not judged (their baseline was not run)", unjudged)
+	}
+	fmt.Fprintln(w)
 }
 
 // withParam adds a query parameter to a URL-style DSN.
@@ -444,11 +533,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // request's latency: the completion is what an asynchronous completion
 // would take off the client's wait.
 func printLedgerTimes(w io.Writer, results []result) {
-	fmt.Fprintf(w, "\n%-22s %11s %12s %8s  %s\n", "series", "reserve-ms", "complete-ms", "p50-ms", "completion's share of p50")
+	fmt.Fprintf(w, "\n%-30s %11s %12s %8s  %s\n", "series", "reserve-ms", "complete-ms", "p50-ms", "completion's share of p50")
 	for _, r := range results {
 		if r.complete == 0 || r.p50 == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "%-22s %11.3f %12.3f %8.2f  %.0f%%\n", r.name, ms(r.reserve), ms(r.complete), ms(r.p50), 100*float64(r.complete)/float64(r.p50))
+		fmt.Fprintf(w, "%-30s %11.3f %12.3f %8.2f  %.0f%%\n", r.name, ms(r.reserve), ms(r.complete), ms(r.p50), 100*float64(r.complete)/float64(r.p50))
 	}
 }

@@ -25,10 +25,28 @@ type server struct {
 	done  chan struct{}
 }
 
+// The cores -pin puts the processes on: the load generators (wrk,
+// pgbench) on one, the server under test (the gateway, plain Caddy) on the
+// other.
+const (
+	serverCPU = "0"
+	loadCPU   = "1"
+)
+
+// command returns the command that runs name with args, under taskset on
+// cpu when -pin is set. taskset execs the program: the process's id, and
+// so its CPU time and memory in /proc, are the program's.
+func (cfg config) command(cpu, name string, args ...string) *exec.Cmd {
+	if !cfg.pin {
+		return exec.Command(name, args...)
+	}
+	return exec.Command("taskset", append([]string{"-c", cpu, name}, args...)...)
+}
+
 // startServer writes a Caddyfile with site as the body of one site block
 // and runs binary on it until the admin endpoint answers.
-func startServer(binary, workDir, name, global, site string) (*server, error) {
-	home, err := os.MkdirTemp(workDir, name+"-")
+func startServer(cfg config, binary, name, global, site string) (*server, error) {
+	home, err := os.MkdirTemp(cfg.work, name+"-")
 	if err != nil {
 		return nil, err
 	}
@@ -43,7 +61,7 @@ func startServer(binary, workDir, name, global, site string) (*server, error) {
 	if s.log, err = os.Create(filepath.Join(home, "caddy.log")); err != nil {
 		return nil, err
 	}
-	s.cmd = exec.Command(binary, "run", "--config", config, "--adapter", "caddyfile")
+	s.cmd = cfg.command(serverCPU, binary, "run", "--config", config, "--adapter", "caddyfile")
 	s.cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {

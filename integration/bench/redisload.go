@@ -45,10 +45,38 @@ func (s masterStats) other() int64 {
 
 // redisMasters returns the masters behind a ledger's Redis URL: the
 // server it names or, when that server is a cluster node, every master
-// the cluster lists (CLUSTER NODES), with its slots. A cluster URL names
-// its first node as the URL's host, the others as addr= parameters; the
-// first is enough to find them all.
+// the cluster lists, with its slots.
 func redisMasters(ctx context.Context, url string) ([]*master, error) {
+	o, err := redisOptions(url)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := clusterNodes(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if nodes == nil {
+		return []*master{{addr: o.Addr, c: redis.NewClient(o)}}, nil
+	}
+	var out []*master
+	for _, n := range nodes {
+		if !strings.Contains(n.flags, "master") {
+			continue
+		}
+		mo := *o
+		mo.Addr = n.addr
+		out = append(out, &master{addr: n.addr, slots: n.slots, c: redis.NewClient(&mo)})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("CLUSTER NODES lists no master")
+	}
+	return out, nil
+}
+
+// redisOptions returns the options of the server a ledger's Redis URL
+// names. A cluster URL names its first node as the URL's host, the others
+// as addr= parameters; the first is enough to find them all.
+func redisOptions(url string) (*redis.Options, error) {
 	u, err := neturl.Parse(url)
 	if err != nil {
 		return nil, fmt.Errorf("invalid Redis URL")
@@ -58,24 +86,37 @@ func redisMasters(ctx context.Context, url string) ([]*master, error) {
 		o.Username = u.User.Username()
 		o.Password, _ = u.User.Password()
 	}
-	first := redis.NewClient(o)
-	nodes, err := first.ClusterNodes(ctx).Result()
+	return o, nil
+}
+
+// clusterNode is one node of a Redis Cluster, as CLUSTER NODES lists it.
+type clusterNode struct {
+	addr  string
+	flags string // myself, master, slave, ...
+	slots int    // hash slots it serves (none for a replica)
+}
+
+// clusterNodes returns the nodes of the cluster the server at o belongs
+// to, but those CLUSTER NODES flags as failing; none when it is a single
+// server.
+func clusterNodes(ctx context.Context, o *redis.Options) ([]clusterNode, error) {
+	c := redis.NewClient(o)
+	defer c.Close()
+	nodes, err := c.ClusterNodes(ctx).Result()
 	if err != nil {
 		if strings.Contains(err.Error(), "cluster support disabled") {
-			return []*master{{addr: u.Host, c: first}}, nil
+			return nil, nil
 		}
-		first.Close()
 		return nil, err
 	}
-	first.Close()
-	var out []*master
+	var out []clusterNode
 	for _, line := range strings.Split(nodes, "\n") {
 		// <id> <ip:port@cport> <flags> <master> <ping-sent> <pong-recv> <epoch> <link-state> <slot> ...
 		f := strings.Fields(line)
-		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") {
+		if len(f) < 8 || strings.Contains(f[2], "fail") {
 			continue
 		}
-		m := &master{addr: strings.SplitN(f[1], "@", 2)[0]}
+		n := clusterNode{addr: strings.SplitN(f[1], "@", 2)[0], flags: f[2]}
 		for _, r := range f[8:] {
 			if strings.HasPrefix(r, "[") { // a slot being imported or migrated
 				continue
@@ -86,15 +127,12 @@ func redisMasters(ctx context.Context, url string) ([]*master, error) {
 			if hi != "" {
 				b, _ = strconv.Atoi(hi)
 			}
-			m.slots += b - a + 1
+			n.slots += b - a + 1
 		}
-		mo := *o
-		mo.Addr = m.addr
-		m.c = redis.NewClient(&mo)
-		out = append(out, m)
+		out = append(out, n)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("CLUSTER NODES lists no master")
+		return nil, fmt.Errorf("CLUSTER NODES lists no node")
 	}
 	return out, nil
 }
@@ -233,7 +271,7 @@ func printRedisLoad(w io.Writer, results []result) {
 		return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(b))
 	}
 	fmt.Fprintf(w, "\nRedis under the measured fresh runs, by master (what the runs added, and the main thread's CPU):\n")
-	fmt.Fprintf(w, "%-20s %-16s %6s %8s %6s %8s %6s %9s %11s %8s %7s %6s %11s\n",
+	fmt.Fprintf(w, "%-30s %-16s %6s %8s %6s %8s %6s %9s %11s %8s %7s %6s %11s\n",
 		"series", "master", "slots", "keys", "share", "scripts", "share", "scripts/s", "scripts/req", "cmds/req", "cpu-s", "busy", "cpu-us/req")
 	for _, r := range loaded {
 		l := r.redis
@@ -248,7 +286,7 @@ func printRedisLoad(w io.Writer, results []result) {
 		}
 		perReq := func(n int64) float64 { return float64(n) / float64(l.requests) }
 		row := func(name, addr, slots string, m masterStats) {
-			fmt.Fprintf(w, "%-20s %-16s %6s %8d %6s %8d %6s %9.0f %11.2f %8.2f %7.2f %5.0f%% %11.1f\n",
+			fmt.Fprintf(w, "%-30s %-16s %6s %8d %6s %8d %6s %9.0f %11.2f %8.2f %7.2f %5.0f%% %11.1f\n",
 				name, addr, slots, m.keys, pct(m.keys, all.keys), m.scripts, pct(m.scripts, all.scripts),
 				float64(m.scripts)/l.wall.Seconds(), perReq(m.scripts), perReq(m.other()),
 				m.cpu.Seconds(), 100*m.cpu.Seconds()/l.wall.Seconds(), float64(m.cpu.Microseconds())/float64(l.requests))
@@ -275,10 +313,13 @@ func printRedisLoad(w io.Writer, results []result) {
 		for _, name := range names[:min(len(names), 8)] {
 			top = append(top, fmt.Sprintf("%s %.2f", name, perReq(all.calls[name])))
 		}
-		fmt.Fprintf(w, "%-20s   commands per request: %s\n", "", strings.Join(top, ", "))
+		fmt.Fprintf(w, "%-30s   commands per request: %s\n", "", strings.Join(top, ", "))
 	}
 	fmt.Fprintf(w, "(requests answered in the measured runs: %s; cmds/req: calls of commands other than scripts, the scripts' own included, as Redis counts them; busy: the main thread's CPU over the runs' wall time)\n",
 		requestCounts(loaded))
+	// A cluster's series is compared with the single server's row before
+	// it: the series list keeps each cluster series after the single
+	// server's of the same durability.
 	var one float64
 	for _, r := range loaded {
 		rps, total := r.redis.ceiling()

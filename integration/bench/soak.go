@@ -13,7 +13,7 @@ import (
 func soak(cfg config, up *upstream, w io.Writer) error {
 	const keys, retention = 5000, 20 * time.Second
 	site := fmt.Sprintf("\tidempotency {\n\t\tledger memory\n\t\tretention %v\n\t}\n\treverse_proxy %s %s\n", retention, up.addr, transport)
-	srv, err := startServer(cfg.gateway, cfg.work, "soak", "", site)
+	srv, err := startServer(cfg, cfg.gateway, "soak", "", site)
 	if err != nil {
 		return err
 	}

@@ -47,7 +47,7 @@ func benchWaiters(cfg config, w io.Writer) error {
 // waiters' are when their answer comes), and returns the time from the
 // first send to each answer, sorted.
 func burstPlain(cfg config) ([]time.Duration, error) {
-	srv, err := startServer(cfg.plain, cfg.work, "burst", "", "\theader Content-Type application/json\n\trespond `"+answer+"` 200\n")
+	srv, err := startServer(cfg, cfg.plain, "burst", "", "\theader Content-Type application/json\n\trespond `"+answer+"` 200\n")
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +139,7 @@ func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration) e
 		io.WriteString(rw, answer)
 	}))
 	site := "\tidempotency {\n\t\t" + line + "\n\t\tattempt_timeout 2m\n\t\tin_flight wait 2m\n\t}\n\treverse_proxy " + l.Addr().String() + "\n"
-	srv, err := startServer(cfg.gateway, cfg.work, "waiters-"+name, "\tmetrics\n", site)
+	srv, err := startServer(cfg, cfg.gateway, "waiters-"+name, "\tmetrics\n", site)
 	if err != nil {
 		return err
 	}
