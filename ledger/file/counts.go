@@ -8,6 +8,7 @@ import (
 
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/fsm"
+	"github.com/onejob/onejob/ledger/internal/record"
 )
 
 // Counts implements ledger.Counter: it reads every job of the file in one
@@ -19,7 +20,7 @@ func (l *Ledger) Counts(_ context.Context) (ledger.Counts, error) {
 	c := ledger.NewCounts(now)
 	err := l.db.View(func(tx *bolt.Tx) error {
 		return wrap(tx).jobs.ForEach(func(k, v []byte) error {
-			j, err := decodeJob(v)
+			j, err := record.Decode(v)
 			if err != nil {
 				return fmt.Errorf("file ledger: job %s: %w", k, err)
 			}

@@ -19,6 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/record"
 )
 
 // crashEnv names the ledger file of a crash helper process: when it is set,
@@ -311,7 +312,7 @@ func checkAfterCrash(t *testing.T, path string, acks map[string]ack) {
 // answer the helper sent for it.
 func checkStoredJob(t *testing.T, tn txn, k, v []byte) {
 	t.Helper()
-	j, err := decodeJob(v)
+	j, err := record.Decode(v)
 	if err != nil {
 		t.Errorf("job %s does not decode: %v", k, err)
 		return

@@ -29,6 +29,7 @@ import (
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/near"
+	"github.com/onejob/onejob/ledger/internal/record"
 )
 
 var (
@@ -148,7 +149,7 @@ func (t txn) load(id string) (*ledger.Job, error) {
 	if v == nil {
 		return nil, nil
 	}
-	j, err := decodeJob(v)
+	j, err := record.Decode(v)
 	if err != nil {
 		return nil, fmt.Errorf("file ledger: job %s: %w", id, err)
 	}
@@ -162,7 +163,7 @@ func (t txn) put(old, j *ledger.Job) error {
 			return err
 		}
 	}
-	if err := t.jobs.Put([]byte(j.ID), encodeJob(j)); err != nil {
+	if err := t.jobs.Put([]byte(j.ID), record.Encode(j)); err != nil {
 		return err
 	}
 	if err := t.keys.Put(identity(j.OwnerHash, j.KeyHash), []byte(j.ID)); err != nil {
@@ -519,7 +520,7 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 			k, v = c.Last()
 		}
 		for ; k != nil; k, v = c.Prev() {
-			j, err := decodeJob(v)
+			j, err := record.Decode(v)
 			if err != nil {
 				return fmt.Errorf("file ledger: job %s: %w", k, err)
 			}

@@ -1,4 +1,7 @@
-package file
+// Package record is the compact binary form of a job: the file ledger's
+// record on disk, and the memory ledger's form of a job that settled, which
+// the garbage collector need not scan.
+package record
 
 import (
 	"encoding/binary"
@@ -32,9 +35,11 @@ func recordFormat(j *ledger.Job) byte {
 	return recordV2
 }
 
-var errCorrupt = errors.New("corrupt job record")
+// ErrCorrupt is the error of Decode for a record it cannot read.
+var ErrCorrupt = errors.New("corrupt job record")
 
-func encodeJob(j *ledger.Job) []byte {
+// Encode returns j's record, in the oldest format that holds it.
+func Encode(j *ledger.Job) []byte {
 	b := make([]byte, 0, 256+len(j.Attempts)*96+responseSize(j.Response))
 	format := recordFormat(j)
 	b = append(b, format)
@@ -141,8 +146,8 @@ func appendTime(b []byte, t time.Time) []byte {
 	return binary.AppendVarint(append(b, 1), t.UnixNano())
 }
 
-// decodeJob reads a record written by encodeJob, or a JSON record.
-func decodeJob(v []byte) (*ledger.Job, error) {
+// Decode reads a record written by Encode, or a JSON record.
+func Decode(v []byte) (*ledger.Job, error) {
 	if len(v) > 0 && v[0] == '{' {
 		var j ledger.Job
 		if err := json.Unmarshal(v, &j); err != nil {
@@ -151,7 +156,7 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 		return &j, nil
 	}
 	if len(v) == 0 || v[0] < recordV1 || v[0] > recordV3 {
-		return nil, errCorrupt
+		return nil, ErrCorrupt
 	}
 	d := decoder{b: v[1:]}
 	j := &ledger.Job{
@@ -219,7 +224,7 @@ func decodeJob(v []byte) (*ledger.Job, error) {
 		}
 	}
 	if d.err != nil || len(d.b) != 0 {
-		return nil, errCorrupt
+		return nil, ErrCorrupt
 	}
 	return j, nil
 }
@@ -232,7 +237,7 @@ type decoder struct {
 }
 
 func (d *decoder) fail() {
-	d.err, d.b = errCorrupt, nil
+	d.err, d.b = ErrCorrupt, nil
 }
 
 func (d *decoder) uvarint() uint64 {

@@ -1,4 +1,4 @@
-package file
+package record
 
 import (
 	"encoding/hex"
@@ -73,7 +73,7 @@ func TestCodecFormat1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := decodeJob(raw)
+	got, err := Decode(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		}(),
 	} {
 		t.Run(name, func(t *testing.T) {
-			got, err := decodeJob(encodeJob(j))
+			got, err := Decode(Encode(j))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,11 +123,11 @@ func TestCodecRoundTrip(t *testing.T) {
 // before lookups read; one with a lookup in format 3.
 func TestCodecOldestFormat(t *testing.T) {
 	j := codecJob()
-	if f := encodeJob(j)[0]; f != recordV2 {
+	if f := Encode(j)[0]; f != recordV2 {
 		t.Errorf("format %d without lookups, want %d", f, recordV2)
 	}
 	j.Attempts[1].Lookup = &ledger.Lookup{Tries: 1}
-	if f := encodeJob(j)[0]; f != recordV3 {
+	if f := Encode(j)[0]; f != recordV3 {
 		t.Errorf("format %d with a lookup, want %d", f, recordV3)
 	}
 }
@@ -139,7 +139,7 @@ func TestCodecReadsJSONRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := decodeJob(v)
+	got, err := Decode(v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,24 +147,24 @@ func TestCodecReadsJSONRecords(t *testing.T) {
 }
 
 func TestCodecRefusesCorruptRecords(t *testing.T) {
-	v := encodeJob(codecJob())
+	v := Encode(codecJob())
 	for _, bad := range [][]byte{nil, {0x03}, v[:len(v)-1], append(append([]byte(nil), v...), 0), {recordV1, 0xff}} {
-		if _, err := decodeJob(bad); err == nil {
-			t.Errorf("decodeJob(%x) accepted a corrupt record", bad)
+		if _, err := Decode(bad); err == nil {
+			t.Errorf("Decode(%x) accepted a corrupt record", bad)
 		}
 	}
 }
 
 func FuzzDecodeJob(f *testing.F) {
-	f.Add(encodeJob(codecJob()))
+	f.Add(Encode(codecJob()))
 	f.Add([]byte(`{"ID":"x"}`))
 	f.Fuzz(func(t *testing.T, v []byte) {
-		j, err := decodeJob(v)
+		j, err := Decode(v)
 		if err != nil || v[0] == '{' {
 			return
 		}
 		// What decodes is what encodes back to the same job.
-		again, err := decodeJob(encodeJob(j))
+		again, err := Decode(Encode(j))
 		if err != nil {
 			t.Fatalf("re-encoded record does not decode: %v", err)
 		}
