@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/onejob/onejob/ledger"
-	"github.com/onejob/onejob/ledger/internal/fsm"
 )
 
 // Counts implements ledger.Counter: it walks every job in memory under
@@ -15,11 +14,14 @@ func (l *Ledger) Counts(_ context.Context) (ledger.Counts, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range l.byID {
-		if e.job.Expired(now) {
+		if e.expired(now) {
 			continue
 		}
-		fsm.ApplyLeases(e.job, now)
-		c.Add(e.job)
+		j, err := e.current(now)
+		if err != nil {
+			return ledger.Counts{}, err
+		}
+		c.Add(j)
 	}
 	return c, nil
 }

@@ -4,6 +4,7 @@ package memory
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -11,20 +12,93 @@ import (
 
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/fsm"
+	"github.com/onejob/onejob/ledger/internal/near"
+	"github.com/onejob/onejob/ledger/internal/record"
 )
 
 // Ledger is an in-memory ledger. The zero value is not usable: call New.
 type Ledger struct {
 	now func() time.Time
 
-	mu    sync.Mutex
-	byKey map[string]*entry // owner hash + key hash
-	byID  map[string]*entry
+	mu      sync.Mutex
+	byKey   map[string]*entry // owner hash + key hash
+	byID    map[string]*entry
+	replays *near.Cache // settled jobs replayed lately, decoded, by identity
 }
 
+// entry is one job. A job that may still change is held as itself; once
+// it settles (completed, its answer stored, no attempt in flight: how
+// nearly every job spends its retention) it is held as its record, one
+// slice with no pointers in it, which the garbage collector does not scan.
+// A transition that changes a settled job (a lookup marking a late attempt
+// lost, say) decodes it and stores it again.
 type entry struct {
-	job     *ledger.Job
-	changed chan struct{} // closed and replaced on every change
+	key, id   string // the maps' keys
+	expiresAt int64  // Unix nanoseconds; 0: no expiry yet
+	job       *ledger.Job
+	packed    []byte        // the job's record when job is nil
+	changed   chan struct{} // made for the first waiter, closed on the next change
+}
+
+// load returns the entry's job, decoded when it is settled: a caller that
+// changes it calls store.
+func (e *entry) load() (*ledger.Job, error) {
+	if e.job != nil {
+		return e.job, nil
+	}
+	j, err := record.Decode(e.packed)
+	if err != nil {
+		return nil, fmt.Errorf("memory ledger: job %s: %w", e.id, err)
+	}
+	return j, nil
+}
+
+// store keeps j as the entry's job, packed when it is settled.
+func (e *entry) store(j *ledger.Job) {
+	e.expiresAt = 0
+	if !j.ExpiresAt.IsZero() {
+		e.expiresAt = j.ExpiresAt.UnixNano()
+	}
+	if settled(j) {
+		e.job, e.packed = nil, record.Encode(j)
+	} else {
+		e.job, e.packed = j, nil
+	}
+}
+
+// settled reports whether j changes only by a transition: it is completed
+// with its answer stored and no attempt is starting, so no lease can run out.
+func settled(j *ledger.Job) bool {
+	if !near.Replayable(j) {
+		return false
+	}
+	for i := range j.Attempts {
+		if j.Attempts[i].State == ledger.AttemptStarting {
+			return false
+		}
+	}
+	return true
+}
+
+// expired is the job's Expired, read without decoding it.
+func (e *entry) expired(now time.Time) bool {
+	return e.expiresAt != 0 && now.UnixNano() >= e.expiresAt
+}
+
+// wait returns the channel closed on the job's next change.
+func (e *entry) wait() <-chan struct{} {
+	if e.changed == nil {
+		e.changed = make(chan struct{})
+	}
+	return e.changed
+}
+
+// notify wakes the job's waiters. l.mu must be held.
+func (e *entry) notify() {
+	if e.changed != nil {
+		close(e.changed)
+		e.changed = nil
+	}
 }
 
 // Option configures a Ledger.
@@ -39,9 +113,10 @@ func WithClock(now func() time.Time) Option {
 // New returns an empty in-memory ledger.
 func New(opts ...Option) *Ledger {
 	l := &Ledger{
-		now:   time.Now,
-		byKey: make(map[string]*entry),
-		byID:  make(map[string]*entry),
+		now:     time.Now,
+		byKey:   make(map[string]*entry),
+		byID:    make(map[string]*entry),
+		replays: near.New(10000, 64<<20),
 	}
 	for _, o := range opts {
 		o(l)
@@ -58,12 +133,6 @@ func identity(owner, key []byte) string {
 	return b.String()
 }
 
-// notify wakes the job's waiters. l.mu must be held.
-func (e *entry) notify() {
-	close(e.changed)
-	e.changed = make(chan struct{})
-}
-
 // Reserve implements ledger.Ledger.
 func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
 	now := l.now()
@@ -71,42 +140,68 @@ func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Rese
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.byKey[id]
-	if e != nil && e.job.Expired(now) {
+	if e != nil && e.expired(now) {
 		l.remove(e)
 		e = nil
 	}
 	if e == nil {
 		j := fsm.NewJob(p, now)
-		e = &entry{job: j, changed: make(chan struct{})}
+		e = &entry{key: id, id: j.ID}
+		e.store(j)
 		l.byKey[id] = e
 		l.byID[j.ID] = e
 		a := j.Attempts[0]
 		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, nil
 	}
-	r, changed := fsm.Reserve(e.job, p, now)
-	if changed {
+	if e.job == nil {
+		// Settled: a replay, answered from the jobs replayed lately when
+		// it is one of them.
+		if j := l.replays.Get(id, now); j != nil {
+			return near.Answer(j, &p, now), nil
+		}
+	}
+	j, err := e.load()
+	if err != nil {
+		return ledger.Reservation{}, err
+	}
+	r, changed := fsm.Reserve(j, p, now)
+	switch {
+	case changed:
+		e.store(j)
 		e.notify()
+	case r.Outcome == ledger.Done && e.job == nil:
+		l.replays.Put(id, j, j.ExpiresAt)
 	}
 	return r, nil
 }
 
 // remove deletes the entry and wakes its waiters. l.mu must be held.
 func (l *Ledger) remove(e *entry) {
-	delete(l.byKey, identity(e.job.OwnerHash, e.job.KeyHash))
-	delete(l.byID, e.job.ID)
+	delete(l.byKey, e.key)
+	delete(l.byID, e.id)
+	l.replays.Forget(e.key)
 	e.notify()
 }
 
-// update runs fn on the job under the lock and wakes waiters.
+// update runs fn on the job under the lock, stores what fn left and wakes
+// waiters.
 func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) error) error {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.byID[jobID]
-	if e == nil || e.job.Expired(now) {
+	if e == nil || e.expired(now) {
 		return ledger.ErrNotFound
 	}
-	err := fn(e.job, now)
+	if e.job == nil {
+		l.replays.Forget(e.key) // the copy replays read would be older
+	}
+	j, err := e.load()
+	if err != nil {
+		return err
+	}
+	err = fn(j, now)
+	e.store(j)
 	e.notify()
 	return err
 }
@@ -197,6 +292,21 @@ func (l *Ledger) updated(jobID string, fn func(j *ledger.Job, now time.Time) err
 	return j, err
 }
 
+// current returns the entry's job with leases applied (waking its
+// waiters when one ran out), for a read; the job may be the entry's own.
+// l.mu must be held.
+func (e *entry) current(now time.Time) (*ledger.Job, error) {
+	j, err := e.load()
+	if err != nil {
+		return nil, err
+	}
+	if e.job != nil && fsm.ApplyLeases(j, now) > 0 {
+		e.store(j)
+		e.notify()
+	}
+	return j, nil
+}
+
 // get returns a snapshot of the job with leases applied, and the channel
 // that is closed on its next change.
 func (l *Ledger) get(jobID string) (*ledger.Job, <-chan struct{}, error) {
@@ -204,13 +314,23 @@ func (l *Ledger) get(jobID string) (*ledger.Job, <-chan struct{}, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.byID[jobID]
-	if e == nil || e.job.Expired(now) {
+	if e == nil || e.expired(now) {
 		return nil, nil, ledger.ErrNotFound
 	}
-	if fsm.ApplyLeases(e.job, now) > 0 {
-		e.notify()
+	j, err := e.current(now)
+	if err != nil {
+		return nil, nil, err
 	}
-	return e.job.Clone(), e.changed, nil
+	return snapshot(e, j), e.wait(), nil
+}
+
+// snapshot returns j, the job of e, as a copy the caller may keep: a job
+// decoded for the read is one already.
+func snapshot(e *entry, j *ledger.Job) *ledger.Job {
+	if j == e.job {
+		return j.Clone()
+	}
+	return j
 }
 
 // Job implements ledger.Ledger.
@@ -229,13 +349,14 @@ func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.byKey[identity(ownerHash, keyHash)]
-	if e == nil || e.job.Expired(now) {
+	if e == nil || e.expired(now) {
 		return nil, ledger.ErrNotFound
 	}
-	if fsm.ApplyLeases(e.job, now) > 0 {
-		e.notify()
+	j, err := e.current(now)
+	if err != nil {
+		return nil, err
 	}
-	j := e.job.Clone()
+	j = snapshot(e, j)
 	j.ReadAt = now
 	return j, nil
 }
@@ -247,12 +368,16 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 	l.mu.Lock()
 	var jobs []*ledger.Job
 	for _, e := range l.byID {
-		if e.job.Expired(now) || (q.Before != "" && e.job.ID >= q.Before) {
+		if e.expired(now) || (q.Before != "" && e.id >= q.Before) {
 			continue
 		}
-		fsm.ApplyLeases(e.job, now)
-		if fsm.Matches(e.job, q) {
-			jobs = append(jobs, e.job.Clone())
+		j, err := e.current(now)
+		if err != nil {
+			l.mu.Unlock()
+			return ledger.JobPage{}, err
+		}
+		if fsm.Matches(j, q) {
+			jobs = append(jobs, snapshot(e, j))
 		}
 	}
 	l.mu.Unlock()
@@ -281,15 +406,19 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range l.byID {
-		if e.job.Expired(now) {
+		if e.expired(now) {
 			if st.Removed < limit {
 				l.remove(e)
 				st.Removed++
 			}
 			continue
 		}
+		if e.job == nil {
+			continue // settled: no lease to run out
+		}
 		if n := fsm.ApplyLeases(e.job, now); n > 0 {
 			st.Unknown += n
+			e.store(e.job)
 			e.notify()
 		}
 	}

@@ -84,3 +84,63 @@ func TestInjectedClock(t *testing.T) {
 		t.Errorf("after retention: %v %s", r2.Outcome, r2.Job.ID)
 	}
 }
+
+// held reports how the ledger holds the job: packed (its record) or as
+// itself.
+func held(l *Ledger, jobID string) (packed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.byID[jobID]
+	return e.job == nil && len(e.packed) > 0
+}
+
+// A job is held as its record once it settles, not before (an attempt in
+// flight could still see its lease run out), and reads, replays and
+// transitions find it as it was.
+func TestSettledJobsPacked(t *testing.T) {
+	ctx := context.Background()
+	l := New()
+	p := ledger.ReserveParams{
+		OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute},
+	}
+	r, err := l.Reserve(ctx, p.WithNewIDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hedge, err := l.Hedge(ctx, r.Attempt.Ref(), ledger.NextAttempt{ID: "hedge-1", Provider: "q", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held(l, r.Job.ID) {
+		t.Fatal("a job in flight is packed")
+	}
+	answer := ledger.Response{Status: 201, Header: map[string][]string{"X": {"1"}}, Body: []byte("done"), Size: 4, Stored: true}
+	if c, err := l.Complete(ctx, r.Attempt.Ref(), answer); err != nil || !c.Won {
+		t.Fatal(c.Won, err)
+	}
+	if held(l, r.Job.ID) {
+		t.Error("a completed job whose hedge is still starting is packed")
+	}
+	if c, err := l.Complete(ctx, hedge.Ref(), ledger.Response{Status: 200, Stored: true}); err != nil || c.Won {
+		t.Fatal("the hedge's late answer:", c.Won, err)
+	}
+	if !held(l, r.Job.ID) {
+		t.Fatal("a settled job is held as itself")
+	}
+	for range 2 { // the first replay decodes it, the second finds it among the recent ones
+		again, err := l.Reserve(ctx, p.WithNewIDs())
+		if err != nil || again.Outcome != ledger.Done || again.Job.ID != r.Job.ID || string(again.Job.Response.Body) != "done" ||
+			again.Job.Response.Header["X"][0] != "1" {
+			t.Fatalf("replay: %v %+v", err, again)
+		}
+	}
+	j, err := l.Job(ctx, r.Job.ID)
+	if err != nil || j.State != ledger.JobCompleted || len(j.Attempts) != 2 || j.Attempts[1].State != ledger.AttemptLost {
+		t.Fatalf("read: %v %+v", err, j)
+	}
+	j.Response.Body[0] = 'X' // a read is the caller's copy
+	if j, _ := l.Find(ctx, p.OwnerHash, p.KeyHash); string(j.Response.Body) != "done" {
+		t.Errorf("a reader's change reached the ledger: %q", j.Response.Body)
+	}
+}

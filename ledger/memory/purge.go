@@ -1,11 +1,10 @@
 package memory
 
 import (
-	"bytes"
 	"context"
+	"strings"
 
 	"github.com/onejob/onejob/ledger"
-	"github.com/onejob/onejob/ledger/internal/fsm"
 )
 
 // Purge implements ledger.Purger.
@@ -14,14 +13,16 @@ func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, 
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	prefix := identity(ownerHash, nil) // the owner's part of every key
 	for _, e := range l.byID {
-		if !bytes.Equal(e.job.OwnerHash, ownerHash) {
+		if !strings.HasPrefix(e.key, prefix) {
 			continue
 		}
-		if fsm.ApplyLeases(e.job, now) > 0 {
-			e.notify()
+		j, err := e.current(now)
+		if err != nil {
+			return st, err
 		}
-		if ledger.Purgeable(e.job) {
+		if ledger.Purgeable(j) {
 			l.remove(e)
 			st.Removed++
 		} else {

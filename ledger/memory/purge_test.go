@@ -21,7 +21,7 @@ var harness = ledgertest.Harness{
 func TestMemoryPurge(t *testing.T) { ledgertest.RunPurge(t, harness) }
 
 // The memory ledger's store is its jobs: the dump is every job's answer
-// as it holds it.
+// as it holds it, and the record of every settled job.
 func TestMemorySealed(t *testing.T) {
 	ledgertest.RunSealed(t, harness, func(t *testing.T, l ledger.Ledger) []byte {
 		m := l.(*Ledger)
@@ -29,6 +29,10 @@ func TestMemorySealed(t *testing.T) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		for _, e := range m.byID {
+			b.Write(e.packed)
+			if e.job == nil {
+				continue
+			}
 			if r := e.job.Response; r != nil {
 				h, _ := json.Marshal(r.Header)
 				b.Write(h)

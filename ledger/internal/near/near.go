@@ -82,6 +82,16 @@ func (n *Cache) remove(e *list.Element) {
 	n.bytes -= ent.size
 }
 
+// Forget drops the job cached under key, if there is one: the ledger
+// removed it, or changed it.
+func (n *Cache) Forget(key string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if e, ok := n.entries[key]; ok {
+		n.remove(e)
+	}
+}
+
 // ForgetOwner drops every job of the owner ownerHash: a purge removed
 // them from the ledger, so they no longer answer as the ledger would.
 func (n *Cache) ForgetOwner(ownerHash []byte) {
