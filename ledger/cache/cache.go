@@ -255,7 +255,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Reservation, bool) {
 	key := l.replyKey(p.OwnerHash, p.KeyHash)
 	if j := l.near.Get(key, l.now()); j != nil {
-		return near.Answer(j, p, l.now()), true
+		return near.Answer(j, p, l.now())
 	}
 	rctx, cancel := context.WithTimeout(ctx, l.timeout)
 	pipe := l.rdb.Pipeline()
@@ -284,7 +284,7 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Re
 	}
 	now := l.now()
 	l.near.Put(key, j, now.Add(left))
-	return near.Answer(j, p, now), true
+	return near.Answer(j, p, now)
 }
 
 // trusted reports whether a decoded reply is one the cache may have

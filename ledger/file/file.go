@@ -240,7 +240,9 @@ func (l *Ledger) notify(ids ...string) {
 func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
 	ident, at := identity(p.OwnerHash, p.KeyHash), l.now() // ident is near.Key's form too
 	if j := l.completed.Get(string(ident), at); j != nil {
-		return near.Answer(j, &p, at), nil
+		if r, ok := near.Answer(j, &p, at); ok {
+			return r, nil
+		}
 	}
 	var (
 		r       ledger.Reservation

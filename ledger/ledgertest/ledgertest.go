@@ -1079,6 +1079,15 @@ func testRepeatsByID(t *testing.T, h Harness) {
 	if j.Version != c1.Job.Version || string(j.Response.Body) != "won" {
 		t.Errorf("after repeats: version %d body %q", j.Version, j.Response.Body)
 	}
+	// Replays put the completed job among those a ledger keeps in the
+	// process; a repeat of the first reservation (its reply was lost)
+	// still answers as the first call did, by the attempt it started.
+	reserve(t, l, p, ledger.Done)
+	reserve(t, l, p, ledger.Done)
+	if r3, err := l.Reserve(ctx(t), p); err != nil || r3.Outcome != ledger.Created || r3.Attempt == nil ||
+		r3.Attempt.ID != p.Attempt.ID || r3.Attempt.State != ledger.AttemptFailed {
+		t.Errorf("repeated reserve after replays = %v attempt %+v, %v; want created, attempt 1 as it is now (failed)", r3.Outcome, r3.Attempt, err)
+	}
 	// A re-open repeated starts one attempt.
 	q := fresh(params(long))
 	rq := reserve(t, l, q, ledger.Created)

@@ -157,7 +157,9 @@ func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Rese
 		// Settled: a replay, answered from the jobs replayed lately when
 		// it is one of them.
 		if j := l.replays.Get(id, now); j != nil {
-			return near.Answer(j, &p, now), nil
+			if r, ok := near.Answer(j, &p, now); ok {
+				return r, nil
+			}
 		}
 	}
 	j, err := e.load()

@@ -97,8 +97,10 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		return ledger.Reservation{}, errInvalidID("attempt", p.Attempt.ID)
 	}
 	key, now := near.Key(p.OwnerHash, p.KeyHash), time.Now()
-	if j := l.replays.Get(key, now); j != nil && j.CompletedBy != p.Attempt.ID {
-		return near.Answer(j, &p, now), nil
+	if j := l.replays.Get(key, now); j != nil {
+		if r, ok := near.Answer(j, &p, now); ok {
+			return r, nil
+		}
 	}
 	r, err := l.reserve(ctx, p)
 	if err != nil {

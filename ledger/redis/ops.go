@@ -62,24 +62,16 @@ func errUnexpected(what, outcome string) error {
 // its attempts goes to the ledger, which answers it as the first call.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
 	key, now := near.Key(p.OwnerHash, p.KeyHash), time.Now()
-	if j := l.replays.Get(key, now); j != nil && !holds(j, p.Attempt.ID) {
-		return near.Answer(j, &p, now), nil
+	if j := l.replays.Get(key, now); j != nil {
+		if r, ok := near.Answer(j, &p, now); ok {
+			return r, nil
+		}
 	}
 	r, err := l.reserve(ctx, p)
 	if err != nil {
 		return r, err
 	}
 	return l.replays.Remember(key, r, &p, near.Margin), nil
-}
-
-// holds reports whether job j has the attempt id.
-func holds(j *ledger.Job, id string) bool {
-	for i := range j.Attempts {
-		if j.Attempts[i].ID == id {
-			return true
-		}
-	}
-	return false
 }
 
 // reserve runs the reservation in the ledger.

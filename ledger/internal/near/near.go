@@ -113,12 +113,19 @@ func (n *Cache) Len() int {
 
 // Answer is the reservation of p answered by j, a completed job for p's
 // owner and key that has not expired: its answer, or a mismatch when p is
-// another request.
-func Answer(j *ledger.Job, p *ledger.ReserveParams, now time.Time) ledger.Reservation {
-	if !p.Matches(j) {
-		return ledger.Mismatched(j, now)
+// another request. ok is false when p repeats the call that started one of
+// j's attempts (the gateway repeats a call whose reply it lost): a repeat
+// is answered as the first call was (fsm.Reserve), by the ledger.
+func Answer(j *ledger.Job, p *ledger.ReserveParams, now time.Time) (r ledger.Reservation, ok bool) {
+	for i := range j.Attempts {
+		if j.Attempts[i].ID == p.Attempt.ID {
+			return ledger.Reservation{}, false
+		}
 	}
-	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}
+	if !p.Matches(j) {
+		return ledger.Mismatched(j, now), true
+	}
+	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}, true
 }
 
 // Margin is how long before a job's expiry a ledger shared by several
