@@ -87,9 +87,8 @@ func stringOf(t pgtype.Text) string { return t.String }
 
 // Reserve implements ledger.Ledger. A replay of a completed job this
 // process read lately is answered from memory: the job cannot change before
-// it expires (see near.Margin). A repeat of the reservation that started
-// one of its attempts is not a replay: the ledger answers it, as the first
-// call was answered (near.Answer).
+// it expires (see near.Margin). A repeat of the winner's own reservation is
+// not a replay: the ledger answers it, as the first call was answered.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
 	if !validID(p.JobID) {
 		return ledger.Reservation{}, errInvalidID("job", p.JobID)
@@ -104,16 +103,10 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		}
 	}
 	r, err := l.reserve(ctx, p)
-	if err != nil || r.Outcome != ledger.Done || !near.Replayable(r.Job) {
+	if err != nil {
 		return r, err
 	}
-	// reserve's answer carries no attempts, and near.Answer needs them to
-	// tell a repeat from a replay: the job is kept as read whole, one more
-	// round trip on the first replay of a key in this process.
-	if j, _, err := l.load(ctx, r.Job.ID); err == nil && near.Replayable(j) {
-		l.replays.Remember(key, ledger.Reservation{Outcome: ledger.Done, Job: j, Now: r.Now}, &p, near.Margin)
-	}
-	return r, nil
+	return l.replays.Remember(key, r, &p, near.Margin), nil
 }
 
 // reserve runs the reservation in the ledger.
