@@ -50,6 +50,8 @@ type Options struct {
 
 // Ledger is a file ledger.
 type Ledger struct {
+	fsm.Applier // the transitions of one job, over update
+
 	db        *bolt.DB
 	group     groupCommit
 	completed *near.Cache // replayable jobs read lately, by identity
@@ -92,11 +94,13 @@ func Open(path string, opts Options) (*Ledger, error) {
 		db.Close()
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
-	return &Ledger{
+	l := &Ledger{
 		db: db, group: groupCommit{db: db}, now: opts.Now,
 		completed: near.New(10000, 64<<20),
 		changed:   make(map[string]chan struct{}),
-	}, nil
+	}
+	l.Applier = fsm.Applier{Update: l.update}
+	return l, nil
 }
 
 // Path returns the ledger file's path.
@@ -340,96 +344,6 @@ func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) erro
 	}
 	l.notify(jobID)
 	return outcome
-}
-
-// Hedge implements ledger.Ledger.
-func (l *Ledger) Hedge(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		a, e = fsm.Hedge(j, ref, next, now)
-		return e
-	})
-	return a, err
-}
-
-// Resend implements ledger.Ledger.
-func (l *Ledger) Resend(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		a, e = fsm.Resend(j, ref, next, now)
-		return e
-	})
-	return a, err
-}
-
-// Complete implements ledger.Ledger.
-func (l *Ledger) Complete(_ context.Context, ref ledger.AttemptRef, resp ledger.Response) (c ledger.Completion, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		c, e = fsm.Complete(j, ref, resp, now)
-		return e
-	})
-	return c, err
-}
-
-// SaveBody implements ledger.Ledger.
-func (l *Ledger) SaveBody(_ context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
-	return l.update(ref.JobID, func(j *ledger.Job, _ time.Time) error {
-		return fsm.SaveBody(j, ref, body, size, stored)
-	})
-}
-
-// Fail implements ledger.Ledger.
-func (l *Ledger) Fail(_ context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (a *ledger.Attempt, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		a, e = fsm.Fail(j, ref, reason, next, now)
-		return e
-	})
-	return a, err
-}
-
-// Unsent implements ledger.Ledger.
-func (l *Ledger) Unsent(_ context.Context, ref ledger.AttemptRef) error {
-	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		return fsm.Unsent(j, ref, now)
-	})
-}
-
-// MarkUnknown implements ledger.Ledger.
-func (l *Ledger) MarkUnknown(_ context.Context, ref ledger.AttemptRef, reason string) error {
-	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		return fsm.MarkUnknown(j, ref, reason, now)
-	})
-}
-
-// ClaimLookup implements ledger.Ledger.
-func (l *Ledger) ClaimLookup(_ context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
-	return l.updated(ref.JobID, func(job *ledger.Job, now time.Time) error { return fsm.ClaimLookup(job, ref, holder, lease, now) })
-}
-
-// SettleLookup implements ledger.Ledger.
-func (l *Ledger) SettleLookup(_ context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
-	return l.updated(ref.JobID, func(job *ledger.Job, now time.Time) error { return fsm.SettleLookup(job, ref, holder, r, now) })
-}
-
-// Resolve implements ledger.Ledger.
-func (l *Ledger) Resolve(_ context.Context, jobID string, r ledger.Resolution) (*ledger.Job, error) {
-	return l.updated(jobID, func(job *ledger.Job, now time.Time) error { return fsm.Resolve(job, r, now) })
-}
-
-// updated applies fn with update and returns a copy of the job as fn left
-// it, or fn's error (and no job).
-func (l *Ledger) updated(jobID string, fn func(j *ledger.Job, now time.Time) error) (j *ledger.Job, err error) {
-	err = l.update(jobID, func(job *ledger.Job, now time.Time) error {
-		j = nil
-		if e := fn(job, now); e != nil {
-			return e
-		}
-		j = job.Clone()
-		return nil
-	})
-	return j, err
 }
 
 // get reads a job with leases applied, and the channel closed on its next

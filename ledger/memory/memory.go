@@ -18,6 +18,8 @@ import (
 
 // Ledger is an in-memory ledger. The zero value is not usable: call New.
 type Ledger struct {
+	fsm.Applier // the transitions of one job, over update
+
 	now func() time.Time
 
 	mu      sync.Mutex
@@ -118,6 +120,7 @@ func New(opts ...Option) *Ledger {
 		byID:    make(map[string]*entry),
 		replays: near.New(10000, 64<<20),
 	}
+	l.Applier = fsm.Applier{Update: l.update}
 	for _, o := range opts {
 		o(l)
 	}
@@ -206,92 +209,6 @@ func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) erro
 	e.store(j)
 	e.notify()
 	return err
-}
-
-// Hedge implements ledger.Ledger.
-func (l *Ledger) Hedge(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		a, err = fsm.Hedge(j, ref, next, now)
-		return err
-	})
-	return a, err
-}
-
-// Resend implements ledger.Ledger.
-func (l *Ledger) Resend(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		a, err = fsm.Resend(j, ref, next, now)
-		return err
-	})
-	return a, err
-}
-
-// Complete implements ledger.Ledger.
-func (l *Ledger) Complete(_ context.Context, ref ledger.AttemptRef, resp ledger.Response) (c ledger.Completion, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		c, err = fsm.Complete(j, ref, resp, now)
-		return err
-	})
-	return c, err
-}
-
-// SaveBody implements ledger.Ledger.
-func (l *Ledger) SaveBody(_ context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
-	return l.update(ref.JobID, func(j *ledger.Job, _ time.Time) error {
-		return fsm.SaveBody(j, ref, body, size, stored)
-	})
-}
-
-// Fail implements ledger.Ledger.
-func (l *Ledger) Fail(_ context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (a *ledger.Attempt, err error) {
-	err = l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		a, err = fsm.Fail(j, ref, reason, next, now)
-		return err
-	})
-	return a, err
-}
-
-// Unsent implements ledger.Ledger.
-func (l *Ledger) Unsent(_ context.Context, ref ledger.AttemptRef) error {
-	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		return fsm.Unsent(j, ref, now)
-	})
-}
-
-// MarkUnknown implements ledger.Ledger.
-func (l *Ledger) MarkUnknown(_ context.Context, ref ledger.AttemptRef, reason string) error {
-	return l.update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		return fsm.MarkUnknown(j, ref, reason, now)
-	})
-}
-
-// ClaimLookup implements ledger.Ledger.
-func (l *Ledger) ClaimLookup(_ context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
-	return l.updated(ref.JobID, func(job *ledger.Job, now time.Time) error { return fsm.ClaimLookup(job, ref, holder, lease, now) })
-}
-
-// SettleLookup implements ledger.Ledger.
-func (l *Ledger) SettleLookup(_ context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
-	return l.updated(ref.JobID, func(job *ledger.Job, now time.Time) error { return fsm.SettleLookup(job, ref, holder, r, now) })
-}
-
-// Resolve implements ledger.Ledger.
-func (l *Ledger) Resolve(_ context.Context, jobID string, r ledger.Resolution) (*ledger.Job, error) {
-	return l.updated(jobID, func(job *ledger.Job, now time.Time) error { return fsm.Resolve(job, r, now) })
-}
-
-// updated applies fn with update and returns a copy of the job as fn left
-// it, or fn's error (and no job).
-func (l *Ledger) updated(jobID string, fn func(j *ledger.Job, now time.Time) error) (j *ledger.Job, err error) {
-	err = l.update(jobID, func(job *ledger.Job, now time.Time) error {
-		j = nil
-		if e := fn(job, now); e != nil {
-			return e
-		}
-		j = job.Clone()
-		return nil
-	})
-	return j, err
 }
 
 // current returns the entry's job with leases applied (waking its
