@@ -128,10 +128,26 @@ func operatorView(t *testing.T, g *gateway, b backend, id string) []byte {
 		// the prefix.
 		scanRedisAt(t, url, redisGlob(prefix)+"*j:"+id, add)
 	default:
-		var err error
-		if view, err = os.ReadFile(filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db")); err != nil {
-			t.Fatal(err)
-		}
+		view = fileLedgerBytes(t, g)
 	}
 	return view
+}
+
+// fileLedgerBytes returns what the gateway's file ledger holds on disk:
+// the bytes of every file in its directory.
+func fileLedgerBytes(t *testing.T, g *gateway) []byte {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db", "*"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("the file ledger's files: %v %v", names, err)
+	}
+	var all []byte
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, b...)
+	}
+	return all
 }

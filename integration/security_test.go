@@ -12,7 +12,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -179,12 +178,7 @@ func TestLedgerHoldsNoSecrets(t *testing.T) {
 			fields := strings.Fields(b.line)
 			scanRedisAt(t, fields[2], redisGlob(fields[len(fields)-1])+"*", check)
 		default:
-			path := filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db")
-			data, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("the file ledger: %v", err)
-			}
-			check(path, data)
+			check(filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db"), fileLedgerBytes(t, g))
 		}
 		if scanned == 0 {
 			t.Fatal("nothing was scanned")
@@ -566,10 +560,7 @@ func TestHopByHopHeadersNeverStored(t *testing.T) {
 			scanRedisAt(t, fields[2], redisGlob(prefix)+"*j:"+first.Header.Get("Idempotency-Job-Id"),
 				func(_ string, data []byte) { stored = append(stored, data...) })
 		default:
-			var err error
-			if stored, err = os.ReadFile(filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db")); err != nil {
-				t.Fatal(err)
-			}
+			stored = fileLedgerBytes(t, g)
 		}
 		if !bytes.Contains(stored, []byte("kept-value")) {
 			t.Fatalf("the stored answer lacks its end-to-end header: %q", stored)

@@ -107,9 +107,6 @@ func TestReplaysKeptInProcess(t *testing.T) {
 			t.Fatalf("replay %d: %v %+v %v", i, got.Outcome, got.Job, err)
 		}
 	}
-	if l.completed.Len() != 1 {
-		t.Fatalf("%d jobs kept in the process, want 1", l.completed.Len())
-	}
 	other := p
 	other.Fingerprint = []byte("another request")
 	if got, err := l.Reserve(ctx, other.WithNewIDs()); err != nil || got.Outcome != ledger.Mismatch || got.Job.ID != r.Job.ID {

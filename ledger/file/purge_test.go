@@ -24,13 +24,21 @@ var harness = ledgertest.Harness{
 
 func TestFilePurge(t *testing.T) { ledgertest.RunPurge(t, harness) }
 
-// The operator's view of a file ledger: the bytes of its file.
+// The operator's view of a file ledger: the bytes of its files.
 func TestFileSealed(t *testing.T) {
 	ledgertest.RunSealed(t, harness, func(t *testing.T, l ledger.Ledger) []byte {
-		b, err := os.ReadFile(l.(*Ledger).Path())
+		names, err := filepath.Glob(filepath.Join(l.(*Ledger).Path(), "*"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return b
+		var all []byte
+		for _, name := range names {
+			b, err := os.ReadFile(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, b...)
+		}
+		return all
 	})
 }

@@ -17,7 +17,7 @@ func (l *Ledger) Counts(_ context.Context) (ledger.Counts, error) {
 		if e.expired(now) {
 			continue
 		}
-		j, err := e.current(now)
+		j, err := l.current(e, now)
 		if err != nil {
 			return ledger.Counts{}, err
 		}

@@ -1,5 +1,6 @@
-// Package memory is a Ledger held in process memory: for tests and demos.
-// Nothing survives a restart.
+// Package memory is a Ledger held in process memory: for tests and demos,
+// and the file ledger's index. Nothing survives a restart unless a Journal
+// records every change (see WithJournal).
 package memory
 
 import (
@@ -22,10 +23,26 @@ type Ledger struct {
 
 	now func() time.Time
 
+	journal Journal // nil: none
+
 	mu      sync.Mutex
 	byKey   map[string]*entry // owner hash + key hash
 	byID    map[string]*entry
 	replays *near.Cache // settled jobs replayed lately, decoded, by identity
+}
+
+// Journal records every change of a ledger's jobs, in order, so that the
+// ledger can be rebuilt (Load, Unload); the ledger acknowledges a change,
+// or shows a job to a reader, only once Sync says the job's last change
+// is durable.
+type Journal interface {
+	// Put records a job's new state, as its record; Delete, the job's
+	// removal. Both are called under the ledger's lock, in the order of
+	// the changes, and return the change's number for Sync.
+	Put(rec []byte) uint64
+	Delete(id string) uint64
+	// Sync returns once change n and every change before it are durable.
+	Sync(n uint64) error
 }
 
 // entry is one job. A job that may still change is held as itself; once
@@ -40,6 +57,7 @@ type entry struct {
 	job       *ledger.Job
 	packed    []byte        // the job's record when job is nil
 	changed   chan struct{} // made for the first waiter, closed on the next change
+	change    uint64        // the journal's number of the job's last change
 }
 
 // load returns the entry's job, decoded when it is settled: a caller that
@@ -55,17 +73,35 @@ func (e *entry) load() (*ledger.Job, error) {
 	return j, nil
 }
 
-// store keeps j as the entry's job, packed when it is settled.
-func (e *entry) store(j *ledger.Job) {
+// store keeps j as the entry's job, packed when it is settled, and
+// journals it. l.mu must be held.
+func (l *Ledger) store(e *entry, j *ledger.Job) {
 	e.expiresAt = 0
 	if !j.ExpiresAt.IsZero() {
 		e.expiresAt = j.ExpiresAt.UnixNano()
 	}
+	var rec []byte
 	if settled(j) {
-		e.job, e.packed = nil, record.Encode(j)
+		rec = record.Encode(j)
+		e.job, e.packed = nil, rec
 	} else {
 		e.job, e.packed = j, nil
 	}
+	if l.journal != nil {
+		if rec == nil {
+			rec = record.Encode(j)
+		}
+		e.change = l.journal.Put(rec)
+	}
+}
+
+// sync waits until change n of the journal is durable: a caller answers
+// only with what a crash cannot take back.
+func (l *Ledger) sync(n uint64) error {
+	if l.journal == nil || n == 0 {
+		return nil
+	}
+	return l.journal.Sync(n)
 }
 
 // settled reports whether j changes only by a transition: it is completed
@@ -112,6 +148,11 @@ func WithClock(now func() time.Time) Option {
 	return func(l *Ledger) { l.now = now }
 }
 
+// WithJournal has the ledger journal every change to j (see Journal).
+func WithJournal(j Journal) Option {
+	return func(l *Ledger) { l.journal = j }
+}
+
 // New returns an empty in-memory ledger.
 func New(opts ...Option) *Ledger {
 	l := &Ledger{
@@ -138,6 +179,17 @@ func identity(owner, key []byte) string {
 
 // Reserve implements ledger.Ledger.
 func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	r, change, err := l.reserve(&p)
+	if err == nil {
+		err = l.sync(change)
+	}
+	if err != nil {
+		return ledger.Reservation{}, err
+	}
+	return r, nil
+}
+
+func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, error) {
 	now := l.now()
 	id := identity(p.OwnerHash, p.KeyHash)
 	l.mu.Lock()
@@ -148,79 +200,95 @@ func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Rese
 		e = nil
 	}
 	if e == nil {
-		j := fsm.NewJob(p, now)
+		j := fsm.NewJob(*p, now)
 		e = &entry{key: id, id: j.ID}
-		e.store(j)
+		l.store(e, j)
 		l.byKey[id] = e
 		l.byID[j.ID] = e
 		a := j.Attempts[0]
-		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, nil
+		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, e.change, nil
 	}
 	if e.job == nil {
 		// Settled: a replay, answered from the jobs replayed lately when
 		// it is one of them.
 		if j := l.replays.Get(id, now); j != nil {
-			if r, ok := near.Answer(j, &p, now); ok {
-				return r, nil
+			if r, ok := near.Answer(j, p, now); ok {
+				return r, e.change, nil
 			}
 		}
 	}
 	j, err := e.load()
 	if err != nil {
-		return ledger.Reservation{}, err
+		return ledger.Reservation{}, 0, err
 	}
-	r, changed := fsm.Reserve(j, p, now)
+	r, changed := fsm.Reserve(j, *p, now)
 	switch {
 	case changed:
-		e.store(j)
+		l.store(e, j)
 		e.notify()
 	case r.Outcome == ledger.Done && e.job == nil:
 		l.replays.Put(id, j, j.ExpiresAt)
 	}
-	return r, nil
+	return r, e.change, nil
 }
 
-// remove deletes the entry and wakes its waiters. l.mu must be held.
-func (l *Ledger) remove(e *entry) {
+// remove deletes the entry, journals it and wakes its waiters; it returns
+// the journal's number of the removal. l.mu must be held.
+func (l *Ledger) remove(e *entry) uint64 {
 	delete(l.byKey, e.key)
 	delete(l.byID, e.id)
 	l.replays.Forget(e.key)
 	e.notify()
+	if l.journal != nil {
+		return l.journal.Delete(e.id)
+	}
+	return 0
 }
 
 // update runs fn on the job under the lock, stores what fn left and wakes
 // waiters.
 func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) error) error {
+	outcome, change, err := l.apply(jobID, fn)
+	if err == nil {
+		err = l.sync(change)
+	}
+	if err != nil {
+		return err
+	}
+	return outcome
+}
+
+func (l *Ledger) apply(jobID string, fn func(j *ledger.Job, now time.Time) error) (outcome error, change uint64, err error) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.byID[jobID]
 	if e == nil || e.expired(now) {
-		return ledger.ErrNotFound
+		return ledger.ErrNotFound, 0, nil
 	}
 	if e.job == nil {
 		l.replays.Forget(e.key) // the copy replays read would be older
 	}
 	j, err := e.load()
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
-	err = fn(j, now)
-	e.store(j)
+	outcome = fn(j, now)
+	l.store(e, j)
 	e.notify()
-	return err
+	return outcome, e.change, nil
 }
 
 // current returns the entry's job with leases applied (waking its
 // waiters when one ran out), for a read; the job may be the entry's own.
 // l.mu must be held.
-func (e *entry) current(now time.Time) (*ledger.Job, error) {
+func (l *Ledger) current(e *entry, now time.Time) (*ledger.Job, error) {
 	j, err := e.load()
 	if err != nil {
 		return nil, err
 	}
 	if e.job != nil && fsm.ApplyLeases(j, now) > 0 {
-		e.store(j)
+		l.store(e, j)
 		e.notify()
 	}
 	return j, nil
@@ -229,18 +297,29 @@ func (e *entry) current(now time.Time) (*ledger.Job, error) {
 // get returns a snapshot of the job with leases applied, and the channel
 // that is closed on its next change.
 func (l *Ledger) get(jobID string) (*ledger.Job, <-chan struct{}, error) {
+	j, changed, change, err := l.read(jobID)
+	if err == nil {
+		err = l.sync(change)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return j, changed, nil
+}
+
+func (l *Ledger) read(jobID string) (*ledger.Job, <-chan struct{}, uint64, error) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.byID[jobID]
 	if e == nil || e.expired(now) {
-		return nil, nil, ledger.ErrNotFound
+		return nil, nil, 0, ledger.ErrNotFound
 	}
-	j, err := e.current(now)
+	j, err := l.current(e, now)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	return snapshot(e, j), e.wait(), nil
+	return snapshot(e, j), e.wait(), e.change, nil
 }
 
 // snapshot returns j, the job of e, as a copy the caller may keep: a job
@@ -266,16 +345,23 @@ func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
 func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
 	now := l.now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	e := l.byKey[identity(ownerHash, keyHash)]
 	if e == nil || e.expired(now) {
+		l.mu.Unlock()
 		return nil, ledger.ErrNotFound
 	}
-	j, err := e.current(now)
+	j, err := l.current(e, now)
+	if err == nil {
+		j = snapshot(e, j)
+	}
+	change := e.change
+	l.mu.Unlock()
+	if err == nil {
+		err = l.sync(change)
+	}
 	if err != nil {
 		return nil, err
 	}
-	j = snapshot(e, j)
 	j.ReadAt = now
 	return j, nil
 }
@@ -285,21 +371,28 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 	limit := ledger.EffectiveLimit(q.Limit)
 	now := l.now()
 	l.mu.Lock()
-	var jobs []*ledger.Job
+	var (
+		jobs   []*ledger.Job
+		change uint64 // the last change of the jobs listed
+	)
 	for _, e := range l.byID {
 		if e.expired(now) || (q.Before != "" && e.id >= q.Before) {
 			continue
 		}
-		j, err := e.current(now)
+		j, err := l.current(e, now)
 		if err != nil {
 			l.mu.Unlock()
 			return ledger.JobPage{}, err
 		}
 		if fsm.Matches(j, q) {
 			jobs = append(jobs, snapshot(e, j))
+			change = max(change, e.change)
 		}
 	}
 	l.mu.Unlock()
+	if err := l.sync(change); err != nil {
+		return ledger.JobPage{}, err
+	}
 	slices.SortFunc(jobs, func(a, b *ledger.Job) int { return strings.Compare(b.ID, a.ID) })
 	var page ledger.JobPage
 	if len(jobs) > limit {
@@ -320,14 +413,16 @@ func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 
 // Sweep implements ledger.Ledger.
 func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) {
-	var st ledger.SweepStats
+	var (
+		st     ledger.SweepStats
+		change uint64 // the last change journaled
+	)
 	now := l.now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, e := range l.byID {
 		if e.expired(now) {
 			if st.Removed < limit {
-				l.remove(e)
+				change = max(change, l.remove(e))
 				st.Removed++
 			}
 			continue
@@ -337,11 +432,13 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 		}
 		if n := fsm.ApplyLeases(e.job, now); n > 0 {
 			st.Unknown += n
-			e.store(e.job)
+			l.store(e, e.job)
 			e.notify()
+			change = max(change, e.change)
 		}
 	}
-	return st, nil
+	l.mu.Unlock()
+	return st, l.sync(change)
 }
 
 // Close implements ledger.Ledger.

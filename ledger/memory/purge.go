@@ -9,27 +9,32 @@ import (
 
 // Purge implements ledger.Purger.
 func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
-	var st ledger.PurgeStats
+	var (
+		st     ledger.PurgeStats
+		change uint64 // the last change journaled
+	)
 	now := l.now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	prefix := identity(ownerHash, nil) // the owner's part of every key
 	for _, e := range l.byID {
 		if !strings.HasPrefix(e.key, prefix) {
 			continue
 		}
-		j, err := e.current(now)
+		j, err := l.current(e, now)
 		if err != nil {
+			l.mu.Unlock()
 			return st, err
 		}
+		change = max(change, e.change)
 		if ledger.Purgeable(j) {
-			l.remove(e)
+			change = max(change, l.remove(e))
 			st.Removed++
 		} else {
 			st.Kept++
 		}
 	}
-	return st, nil
+	l.mu.Unlock()
+	return st, l.sync(change)
 }
 
 var _ ledger.Purger = (*Ledger)(nil)
