@@ -7,7 +7,8 @@ import (
 )
 
 // Counts implements ledger.Counter: it walks every job in memory under
-// the ledger's lock, as Jobs does.
+// the ledger's lock. A settled job is counted without decoding it: it is
+// completed, and stays so.
 func (l *Ledger) Counts(_ context.Context) (ledger.Counts, error) {
 	now := l.now()
 	c := ledger.NewCounts(now)
@@ -15,6 +16,10 @@ func (l *Ledger) Counts(_ context.Context) (ledger.Counts, error) {
 	defer l.mu.Unlock()
 	for _, e := range l.byID {
 		if e.expired(now) {
+			continue
+		}
+		if e.job == nil {
+			c.ByState[ledger.JobCompleted]++
 			continue
 		}
 		j, err := l.current(e, now)

@@ -106,6 +106,7 @@ type Log struct {
 	err      error // the first failed write or flush: the log is unusable
 
 	durable atomic.Uint64 // records on disk
+	flushes atomic.Uint64 // fdatasyncs done
 }
 
 // Open opens a new segment after the directory's last one, seq. Records
@@ -187,6 +188,7 @@ func (l *Log) flush() {
 	_, err := f.Write(buf)
 	if err == nil {
 		err = fdatasync(f)
+		l.flushes.Add(1)
 	}
 	l.mu.Lock()
 	l.flushing = false
@@ -202,6 +204,10 @@ func (l *Log) flush() {
 	close(l.flushed)
 	l.flushed = make(chan struct{})
 }
+
+// Flushes returns how many times the log was flushed to disk: with
+// concurrent writers, fewer than the records synced.
+func (l *Log) Flushes() uint64 { return l.flushes.Load() }
 
 // Rotate makes everything appended durable, closes the segment and opens
 // the next one, whose number it returns: a snapshot of the state as of now
