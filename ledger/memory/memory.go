@@ -366,40 +366,52 @@ func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job
 	return j, nil
 }
 
-// Jobs implements ledger.Ledger.
+// Jobs implements ledger.Ledger. The candidates are gathered under the
+// lock without decoding a settled job (it is completed: a query for
+// another state passes it by), sorted newest first without the lock, and
+// read under the lock again until the page is full.
 func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
 	limit := ledger.EffectiveLimit(q.Limit)
 	now := l.now()
+	settledToo := q.State == "" || q.State == ledger.JobCompleted
+	var candidates []*entry
 	l.mu.Lock()
+	for _, e := range l.byID {
+		if (q.Before == "" || e.id < q.Before) && (settledToo || e.job != nil) {
+			candidates = append(candidates, e)
+		}
+	}
+	l.mu.Unlock()
+	slices.SortFunc(candidates, func(a, b *entry) int { return strings.Compare(b.id, a.id) })
+
 	var (
-		jobs   []*ledger.Job
+		page   ledger.JobPage
 		change uint64 // the last change of the jobs listed
 	)
-	for _, e := range l.byID {
-		if e.expired(now) || (q.Before != "" && e.id >= q.Before) {
-			continue
+	l.mu.Lock()
+	for _, e := range candidates {
+		if l.byID[e.id] != e || e.expired(now) {
+			continue // removed since
 		}
 		j, err := l.current(e, now)
 		if err != nil {
 			l.mu.Unlock()
 			return ledger.JobPage{}, err
 		}
-		if fsm.Matches(j, q) {
-			jobs = append(jobs, snapshot(e, j))
-			change = max(change, e.change)
+		if !fsm.Matches(j, q) {
+			continue
 		}
+		if len(page.Jobs) == limit {
+			page.Next = page.Jobs[limit-1].ID
+			break
+		}
+		page.Jobs = append(page.Jobs, snapshot(e, j))
+		change = max(change, e.change)
 	}
 	l.mu.Unlock()
 	if err := l.sync(change); err != nil {
 		return ledger.JobPage{}, err
 	}
-	slices.SortFunc(jobs, func(a, b *ledger.Job) int { return strings.Compare(b.ID, a.ID) })
-	var page ledger.JobPage
-	if len(jobs) > limit {
-		jobs = jobs[:limit]
-		page.Next = jobs[limit-1].ID
-	}
-	page.Jobs = jobs
 	return page, nil
 }
 
