@@ -103,8 +103,14 @@ func Open(path string, opts Options) (*Ledger, error) {
 	if err := migrate(path, opts.Timeout); err != nil {
 		return nil, fmt.Errorf("file ledger %s: migrating the earlier release's file: %w", path, err)
 	}
-	if err := os.MkdirAll(path, 0o700); err != nil {
-		return nil, fmt.Errorf("file ledger: %w", err)
+	if _, err := os.Stat(path); os.IsNotExist(err) {
+		// A new ledger: its directory's name too must survive a crash.
+		if err := os.Mkdir(path, 0o700); err != nil {
+			return nil, fmt.Errorf("file ledger: %w", err)
+		}
+		if err := wal.SyncDir(filepath.Dir(path)); err != nil {
+			return nil, fmt.Errorf("file ledger: %w", err)
+		}
 	}
 	l := &Ledger{dir: path, compactAt: opts.CompactAt}
 	var err error
