@@ -144,3 +144,29 @@ func TestFailedFlushIsFinal(t *testing.T) {
 		t.Fatal("a write after a failed flush was acknowledged")
 	}
 }
+
+// A segment is written with zeros ahead of its records; read as a crash
+// leaves it (not closed), it holds its records and ends where the zeros
+// start.
+func TestZerosAhead(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for i := range 3 {
+		if err := l.Sync(l.Append(1, fmt.Appendf(nil, "r%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := filepath.Join(dir, Name("log", 1))
+	got, n := readAll(t, name)
+	st, err := os.Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[1:r0 1:r1 1:r2]" || n != l.Size() || st.Size() < chunk {
+		t.Fatalf("records %v in %d bytes of %d (log size %d); want 3 records and zeros after them", got, n, st.Size(), l.Size())
+	}
+}
