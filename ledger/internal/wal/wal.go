@@ -200,7 +200,7 @@ func (l *Log) Sync(n uint64) error {
 		case l.durable.Load() >= n:
 			return nil
 		case l.flushing:
-			l.idle()
+			l.await()
 		default:
 			l.flush()
 		}
@@ -234,14 +234,21 @@ func (l *Log) flush() {
 	l.flushed = make(chan struct{})
 }
 
+// await waits for the flush under way to end. l.mu is held. A caller
+// looks again at what it waits for: its records may be on disk now, and
+// waiting for flushes to stop would leave it behind the next one.
+func (l *Log) await() {
+	ch := l.flushed
+	l.mu.Unlock()
+	<-ch
+	l.mu.Lock()
+}
+
 // idle waits until no flush is under way (one that started before the
 // caller's Sync returned, say). l.mu is held.
 func (l *Log) idle() {
 	for l.flushing {
-		ch := l.flushed
-		l.mu.Unlock()
-		<-ch
-		l.mu.Lock()
+		l.await()
 	}
 }
 

@@ -64,8 +64,8 @@ func TestSyncGroups(t *testing.T) {
 	if len(got) != writers*each {
 		t.Fatalf("%d records on disk, want %d", len(got), writers*each)
 	}
-	if f := l.Flushes(); f >= writers*each {
-		t.Errorf("%d flushes for %d records: none shared", f, writers*each)
+	if f := l.Flushes(); f > writers*each/2 {
+		t.Errorf("%d flushes for %d records: writers waiting for a flush did not share the next", f, writers*each)
 	} else {
 		t.Logf("%d flushes for %d records", f, writers*each)
 	}
