@@ -191,6 +191,10 @@ type series struct {
 	baseline string
 	target   target
 	redis    string // the Redis URL of the ledger, for fresh series whose load on it is measured
+	// The stored mode's keys: <prefix>-1 to <prefix>-<keys>, each a job
+	// stored before the series (the sweep).
+	prefix string
+	keys   int
 	// What the series asks of PostgreSQL and Redis: the series on them
 	// run durable, their fresh series once more without durability.
 	durability durability
@@ -199,21 +203,29 @@ type series struct {
 // target is what a series must reach against its baseline, judged on the
 // medians; the zero target is none.
 type target struct {
-	ratio    float64       // minimum requests/s, as a ratio to the baseline's
+	ratio    float64       // minimum requests/s, as a ratio to the baseline's; 0 for no limit
 	extraCPU time.Duration // maximum CPU per request over the baseline's; 0 for no limit
+	cpuRatio float64       // maximum CPU per request, as a ratio to the baseline's; 0 for no limit
 }
 
 func (t target) String() string {
-	s := fmt.Sprintf(">= %gx", t.ratio)
-	if t.extraCPU > 0 {
-		s += fmt.Sprintf(", <= +%g us", float64(t.extraCPU)/float64(time.Microsecond))
+	var parts []string
+	if t.ratio > 0 {
+		parts = append(parts, fmt.Sprintf(">= %gx", t.ratio))
 	}
-	return s
+	if t.extraCPU > 0 {
+		parts = append(parts, fmt.Sprintf("<= +%g us", float64(t.extraCPU)/float64(time.Microsecond)))
+	}
+	if t.cpuRatio > 0 {
+		parts = append(parts, fmt.Sprintf("cpu <= %gx", t.cpuRatio))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // met says whether r reached the target against its baseline b.
 func (t target) met(r, b result) bool {
-	return r.rps/b.rps >= t.ratio && (t.extraCPU == 0 || r.cpu-b.cpu <= t.extraCPU)
+	return r.rps/b.rps >= t.ratio && (t.extraCPU == 0 || r.cpu-b.cpu <= t.extraCPU) &&
+		(t.cpuRatio == 0 || float64(r.cpu) <= t.cpuRatio*float64(b.cpu))
 }
 
 // runSeries measures every series -only selects, in the order of the
@@ -316,23 +328,34 @@ type measured struct {
 	redis   *redisLoad               // for fresh series on Redis
 }
 
-// measure starts a server for the series, warms it up (which also creates
-// the replayed keys), and measures cfg.reps runs; for a fresh series, it
-// then profiles one more run when cfg.profiles names a directory.
+// measure starts a server for the series and measures it (measureOn).
 func measure(cfg config, up *upstream, s series, run string) (measured, error) {
-	var m measured
 	srv, err := startServer(cfg, s.binary, s.name, "", s.site)
 	if err != nil {
-		return m, err
+		return measured{}, err
 	}
 	defer srv.stop()
+	return measureOn(cfg, up, srv, s, run)
+}
+
+// measureOn warms srv up (which also creates the replayed keys), and
+// measures cfg.reps runs; for a fresh series, it then profiles one more
+// run when cfg.profiles names a directory.
+func measureOn(cfg config, up *upstream, srv *server, s series, run string) (m measured, err error) {
 	prefix := func(rep int) string {
-		if s.mode == "replay" {
+		switch s.mode {
+		case "replay":
 			return "replay-" + run
+		case "stored":
+			return s.prefix
 		}
 		return fmt.Sprintf("%s-%s-%d", s.name, run, rep)
 	}
-	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), 64); err != nil {
+	keys := 64
+	if s.mode == "stored" {
+		keys = s.keys
+	}
+	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), keys); err != nil {
 		return m, err
 	}
 	// The metrics are read before the Redis masters' stats and after them
@@ -355,7 +378,7 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 	var requests int64
 	for rep := 0; rep < cfg.reps; rep++ {
 		hits, cpu := up.hits.Load(), srv.cpu()
-		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), 64)
+		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), keys)
 		if err != nil {
 			return m, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
 		}
@@ -363,7 +386,7 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 		// What reached the upstream proves the series measured what it
 		// says: every fresh request, and no replay.
 		switch forwarded := up.hits.Load() - hits; s.mode {
-		case "replay":
+		case "replay", "stored":
 			if forwarded != 0 {
 				return m, fmt.Errorf("%d replays reached the upstream", forwarded)
 			}
