@@ -39,7 +39,8 @@ type config struct {
 	only             *regexp.Regexp
 	waiters          int
 	soak             time.Duration
-	pin              bool // the load generators and the server under test each on a core of its own
+	sweep            []int // the sweep's numbers of stored jobs; none to skip it
+	pin              bool  // the load generators and the server under test each on a core of its own
 }
 
 // transport is the same upstream transport in every Caddyfile: Caddy's
@@ -67,6 +68,7 @@ func main() {
 	only := flag.String("only", "", "run only the series whose names match this regular expression")
 	flag.IntVar(&cfg.waiters, "waiters", 10000, "clients waiting on one in-flight key (0: skip)")
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
+	sweep := flag.String("sweep", "10000,100000,1000000", "numbers of jobs stored beforehand, at which the sweep measures the file ledger and PostgreSQL (\"\": skip)")
 	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
 	if cfg.gateway == "" || cfg.plain == "" {
@@ -86,6 +88,13 @@ func main() {
 		}
 	}
 	cfg.only = regexp.MustCompile(*only)
+	var err error
+	if cfg.sweep, err = parseSizes(*sweep); err != nil {
+		log.Fatalf("bench: %v", err)
+	}
+	if !cfg.only.MatchString("sweep") {
+		cfg.sweep = nil
+	}
 	if cfg.profiles != "" {
 		if err := os.MkdirAll(cfg.profiles, 0o755); err != nil {
 			log.Fatal(err)
@@ -101,7 +110,6 @@ func main() {
 	if _, err := os.Stat(filepath.Join(cfg.dir, "request.lua")); err != nil {
 		log.Fatal("bench: run from the repository's root")
 	}
-	var err error
 	if cfg.work, err = os.MkdirTemp("", "onejob-bench-"); err != nil {
 		log.Fatal(err)
 	}
@@ -110,9 +118,15 @@ func main() {
 	printSettings(os.Stdout, cfg)
 	up := startUpstream()
 	results, err := runSeries(cfg, up)
+	var swept []sweepPoint
+	if err == nil && len(cfg.sweep) > 0 {
+		swept, err = runSweep(cfg, up)
+		results = append(results, sweepRows(swept)...)
+	}
 	if results != nil {
 		printTable(os.Stdout, results)
 		printLedgerTimes(os.Stdout, results)
+		printSweep(os.Stdout, swept)
 		printRedisLoad(os.Stdout, results)
 		printProfiles(os.Stdout, cfg.profiles, results)
 	}
@@ -141,6 +155,14 @@ func printSettings(w io.Writer, cfg config) {
 		fmt.Fprintf(w, "pinning: off (every process on any core; -pin puts the load and the server under test on a core each)\n")
 	}
 	fmt.Fprintf(w, "durability: the PostgreSQL and Redis series with %v; the _nodurable rows with %v\n", durable, nondurable)
+	if len(cfg.sweep) > 0 {
+		var sizes []string
+		for _, n := range cfg.sweep {
+			sizes = append(sizes, jobsLabel(n))
+		}
+		fmt.Fprintf(w, "sweep: the file ledger and PostgreSQL (durable) with %s jobs stored beforehand (sweep_* rows; target: CPU per request within %.0f%% of the first size's)\n",
+			strings.Join(sizes, ", "), 100*(sweepTarget.cpuRatio-1))
+	}
 }
 
 // upstream is the API behind the gateway: it answers a small JSON body and
@@ -500,7 +522,7 @@ func printTable(w io.Writer, results []result) {
 		byName[r.name] = r
 	}
 	var met, missed, unjudged int
-	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s  %-20s %6s %8s  %s\n",
+	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s  %-25s %6s %8s  %s\n",
 		"series", "req/s", "p50-ms", "p99-ms", "cpu-us/req", "peak-MiB", "baseline", "ratio", "+cpu-us", "target")
 	for _, r := range results {
 		cpu, rss := "-", "-"
@@ -531,7 +553,7 @@ func printTable(w io.Writer, results []result) {
 				missed++
 			}
 		}
-		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
+		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s  %-25s %6s %8s  %s\n",
 			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, goal)
 	}
 	fmt.Fprintf(w, "targets: %d met, %d missed", met, missed)
