@@ -39,7 +39,8 @@ type config struct {
 	only             *regexp.Regexp
 	waiters          int
 	soak             time.Duration
-	pin              bool // the load generators and the server under test each on a core of its own
+	sweep            []int // the sweep's numbers of stored jobs; none to skip it
+	pin              bool  // the load generators and the server under test each on a core of its own
 }
 
 // transport is the same upstream transport in every Caddyfile: Caddy's
@@ -67,6 +68,7 @@ func main() {
 	only := flag.String("only", "", "run only the series whose names match this regular expression")
 	flag.IntVar(&cfg.waiters, "waiters", 10000, "clients waiting on one in-flight key (0: skip)")
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
+	sweep := flag.String("sweep", "10000,100000,1000000", "numbers of jobs stored beforehand, at which the sweep measures the file ledger and PostgreSQL (\"\": skip)")
 	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
 	if cfg.gateway == "" || cfg.plain == "" {
@@ -86,6 +88,13 @@ func main() {
 		}
 	}
 	cfg.only = regexp.MustCompile(*only)
+	var err error
+	if cfg.sweep, err = parseSizes(*sweep); err != nil {
+		log.Fatalf("bench: %v", err)
+	}
+	if !cfg.only.MatchString("sweep") {
+		cfg.sweep = nil
+	}
 	if cfg.profiles != "" {
 		if err := os.MkdirAll(cfg.profiles, 0o755); err != nil {
 			log.Fatal(err)
@@ -101,7 +110,6 @@ func main() {
 	if _, err := os.Stat(filepath.Join(cfg.dir, "request.lua")); err != nil {
 		log.Fatal("bench: run from the repository's root")
 	}
-	var err error
 	if cfg.work, err = os.MkdirTemp("", "onejob-bench-"); err != nil {
 		log.Fatal(err)
 	}
@@ -110,9 +118,15 @@ func main() {
 	printSettings(os.Stdout, cfg)
 	up := startUpstream()
 	results, err := runSeries(cfg, up)
+	var swept []sweepPoint
+	if err == nil && len(cfg.sweep) > 0 {
+		swept, err = runSweep(cfg, up)
+		results = append(results, sweepRows(swept)...)
+	}
 	if results != nil {
 		printTable(os.Stdout, results)
 		printLedgerTimes(os.Stdout, results)
+		printSweep(os.Stdout, swept)
 		printRedisLoad(os.Stdout, results)
 		printProfiles(os.Stdout, cfg.profiles, results)
 	}
@@ -141,6 +155,14 @@ func printSettings(w io.Writer, cfg config) {
 		fmt.Fprintf(w, "pinning: off (every process on any core; -pin puts the load and the server under test on a core each)\n")
 	}
 	fmt.Fprintf(w, "durability: the PostgreSQL and Redis series with %v; the _nodurable rows with %v\n", durable, nondurable)
+	if len(cfg.sweep) > 0 {
+		var sizes []string
+		for _, n := range cfg.sweep {
+			sizes = append(sizes, jobsLabel(n))
+		}
+		fmt.Fprintf(w, "sweep: the file ledger and PostgreSQL (durable) with %s jobs stored beforehand (sweep_* rows; target: CPU per request within %.0f%% of the first size's)\n",
+			strings.Join(sizes, ", "), 100*(sweepTarget.cpuRatio-1))
+	}
 }
 
 // upstream is the API behind the gateway: it answers a small JSON body and
@@ -191,6 +213,10 @@ type series struct {
 	baseline string
 	target   target
 	redis    string // the Redis URL of the ledger, for fresh series whose load on it is measured
+	// The stored mode's keys: <prefix>-1 to <prefix>-<keys>, each a job
+	// stored before the series (the sweep).
+	prefix string
+	keys   int
 	// What the series asks of PostgreSQL and Redis: the series on them
 	// run durable, their fresh series once more without durability.
 	durability durability
@@ -199,21 +225,29 @@ type series struct {
 // target is what a series must reach against its baseline, judged on the
 // medians; the zero target is none.
 type target struct {
-	ratio    float64       // minimum requests/s, as a ratio to the baseline's
+	ratio    float64       // minimum requests/s, as a ratio to the baseline's; 0 for no limit
 	extraCPU time.Duration // maximum CPU per request over the baseline's; 0 for no limit
+	cpuRatio float64       // maximum CPU per request, as a ratio to the baseline's; 0 for no limit
 }
 
 func (t target) String() string {
-	s := fmt.Sprintf(">= %gx", t.ratio)
-	if t.extraCPU > 0 {
-		s += fmt.Sprintf(", <= +%g us", float64(t.extraCPU)/float64(time.Microsecond))
+	var parts []string
+	if t.ratio > 0 {
+		parts = append(parts, fmt.Sprintf(">= %gx", t.ratio))
 	}
-	return s
+	if t.extraCPU > 0 {
+		parts = append(parts, fmt.Sprintf("<= +%g us", float64(t.extraCPU)/float64(time.Microsecond)))
+	}
+	if t.cpuRatio > 0 {
+		parts = append(parts, fmt.Sprintf("cpu <= %gx", t.cpuRatio))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // met says whether r reached the target against its baseline b.
 func (t target) met(r, b result) bool {
-	return r.rps/b.rps >= t.ratio && (t.extraCPU == 0 || r.cpu-b.cpu <= t.extraCPU)
+	return r.rps/b.rps >= t.ratio && (t.extraCPU == 0 || r.cpu-b.cpu <= t.extraCPU) &&
+		(t.cpuRatio == 0 || float64(r.cpu) <= t.cpuRatio*float64(b.cpu))
 }
 
 // runSeries measures every series -only selects, in the order of the
@@ -316,23 +350,34 @@ type measured struct {
 	redis   *redisLoad               // for fresh series on Redis
 }
 
-// measure starts a server for the series, warms it up (which also creates
-// the replayed keys), and measures cfg.reps runs; for a fresh series, it
-// then profiles one more run when cfg.profiles names a directory.
+// measure starts a server for the series and measures it (measureOn).
 func measure(cfg config, up *upstream, s series, run string) (measured, error) {
-	var m measured
 	srv, err := startServer(cfg, s.binary, s.name, "", s.site)
 	if err != nil {
-		return m, err
+		return measured{}, err
 	}
 	defer srv.stop()
+	return measureOn(cfg, up, srv, s, run)
+}
+
+// measureOn warms srv up (which also creates the replayed keys), and
+// measures cfg.reps runs; for a fresh series, it then profiles one more
+// run when cfg.profiles names a directory.
+func measureOn(cfg config, up *upstream, srv *server, s series, run string) (m measured, err error) {
 	prefix := func(rep int) string {
-		if s.mode == "replay" {
+		switch s.mode {
+		case "replay":
 			return "replay-" + run
+		case "stored":
+			return s.prefix
 		}
 		return fmt.Sprintf("%s-%s-%d", s.name, run, rep)
 	}
-	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), 64); err != nil {
+	keys := 64
+	if s.mode == "stored" {
+		keys = s.keys
+	}
+	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), keys); err != nil {
 		return m, err
 	}
 	// The metrics are read before the Redis masters' stats and after them
@@ -355,7 +400,7 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 	var requests int64
 	for rep := 0; rep < cfg.reps; rep++ {
 		hits, cpu := up.hits.Load(), srv.cpu()
-		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), 64)
+		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), keys)
 		if err != nil {
 			return m, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
 		}
@@ -363,7 +408,7 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 		// What reached the upstream proves the series measured what it
 		// says: every fresh request, and no replay.
 		switch forwarded := up.hits.Load() - hits; s.mode {
-		case "replay":
+		case "replay", "stored":
 			if forwarded != 0 {
 				return m, fmt.Errorf("%d replays reached the upstream", forwarded)
 			}
@@ -477,7 +522,7 @@ func printTable(w io.Writer, results []result) {
 		byName[r.name] = r
 	}
 	var met, missed, unjudged int
-	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s  %-20s %6s %8s  %s\n",
+	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s  %-25s %6s %8s  %s\n",
 		"series", "req/s", "p50-ms", "p99-ms", "cpu-us/req", "peak-MiB", "baseline", "ratio", "+cpu-us", "target")
 	for _, r := range results {
 		cpu, rss := "-", "-"
@@ -508,7 +553,7 @@ func printTable(w io.Writer, results []result) {
 				missed++
 			}
 		}
-		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s  %-20s %6s %8s  %s\n",
+		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s  %-25s %6s %8s  %s\n",
 			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, goal)
 	}
 	fmt.Fprintf(w, "targets: %d met, %d missed", met, missed)

@@ -4,6 +4,8 @@
 --   fresh   a new key on every request: <prefix>-<thread>-<n>
 --   replay  one of <keys> keys (default 64), <prefix>-<i>, created before
 --   random  a random one of <keys> keys (the soak)
+--   stored  a random one of <keys> keys, <prefix>-1 to <prefix>-<keys>,
+--           each a job stored beforehand (the sweep)
 
 wrk.method = "POST"
 wrk.path = "/charges"
@@ -32,7 +34,7 @@ function request()
 		wrk.headers["Idempotency-Key"] = prefix .. "-" .. id .. "-" .. n
 	elseif mode == "replay" then
 		wrk.headers["Idempotency-Key"] = prefix .. "-" .. (n % keys)
-	elseif mode == "random" then
+	elseif mode == "random" or mode == "stored" then
 		wrk.headers["Idempotency-Key"] = prefix .. "-" .. math.random(keys)
 	end
 	return wrk.format()

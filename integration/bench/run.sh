@@ -7,14 +7,17 @@
 # fresh series again without, the Redis series on one server and on a
 # Redis Cluster with the load on each master, and the top entries of the
 # gateway's CPU and allocation profiles under each fresh series (the
-# profiles are saved in integration/bench/out/, which git ignores); then
-# 10,000 clients waiting on one key (memory and PostgreSQL ledgers, beside
-# plain Caddy answering as many requests fired at once), and a 5-minute
-# memory soak. Installs wrk from Debian packages when missing; starts
-# throwaway PostgreSQL, Redis and Redis Cluster servers (see
-# ../services.sh). About 18 minutes.
+# profiles are saved in integration/bench/out/, which git ignores); the
+# sweep, rows of the same table: the file ledger and PostgreSQL with 10k,
+# 100k and 1M jobs stored beforehand (about 10 minutes: 5 of measured
+# runs, the rest storing a million jobs in each; -sweep "" skips it,
+# -only sweep runs it alone); then 10,000 clients waiting on one key
+# (memory and PostgreSQL ledgers, beside plain Caddy answering as many
+# requests fired at once), and a 5-minute memory soak. Installs wrk from
+# Debian packages when missing; starts throwaway PostgreSQL, Redis and
+# Redis Cluster servers (see ../services.sh). About 28 minutes.
 #
-# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 5] [-only REGEXP] [-soak 5m] [-waiters 10000] [-profiles DIR] [-pin]
+# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 5] [-only REGEXP] [-soak 5m] [-waiters 10000] [-sweep 10000,100000,1000000] [-profiles DIR] [-pin]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . integration/services.sh

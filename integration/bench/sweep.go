@@ -1,0 +1,556 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/file"
+	"github.com/onejob/onejob/ledger/postgres"
+	"github.com/onejob/onejob/proxy"
+)
+
+// The sweep measures the gateway with many jobs already stored in its
+// ledger (the file ledger and PostgreSQL): replays of stored jobs picked
+// at random, and fresh keys, at each size of -sweep. The jobs are stored
+// directly in the ledger, not through the gateway, and the ledger grows
+// from one size to the next. The memory ledger cannot be filled before a
+// gateway process starts: BenchmarkPreloaded measures it in process.
+
+// sweepTarget is what the sweep asks of each ledger: the CPU per request
+// at every size within 15% of the first size's, replays and fresh keys
+// each.
+var sweepTarget = target{cpuRatio: 1.15}
+
+// sweepWorkers is how many goroutines store jobs at once: the file
+// ledger commits the writes that arrive together in one transaction.
+const sweepWorkers = 256
+
+// storedPrefix names the stored jobs' keys: <storedPrefix>-1, -2, ...
+const storedPrefix = "stored"
+
+func storedKey(i int) string { return storedPrefix + "-" + strconv.Itoa(i) }
+
+// parseSizes reads -sweep: growing numbers of jobs, comma-separated; ""
+// is none.
+func parseSizes(s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var sizes []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-sweep: %q is not a number of jobs", f)
+		}
+		if len(sizes) > 0 && n <= sizes[len(sizes)-1] {
+			return nil, fmt.Errorf("-sweep: the sizes must grow: %d after %d", n, sizes[len(sizes)-1])
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes, nil
+}
+
+// jobsLabel writes a number of jobs as the sweep's series names do: 10k,
+// 1M.
+func jobsLabel(n int) string {
+	switch {
+	case n%1_000_000 == 0:
+		return strconv.Itoa(n/1_000_000) + "M"
+	case n%1000 == 0:
+		return strconv.Itoa(n/1000) + "k"
+	}
+	return strconv.Itoa(n)
+}
+
+// stored describes the jobs the sweep stores: each reserved as the
+// gateway reserves wrk's request, with key i, and completed with the
+// answer the gateway stores for it.
+type stored struct {
+	params  ledger.ReserveParams // without ids and key hash
+	answer  ledger.Response
+	keyHash func(i int) []byte
+}
+
+// store reserves and completes the job of key i, and returns its id.
+func (s stored) store(ctx context.Context, l ledger.Ledger, i int) (string, error) {
+	p := s.params.WithNewIDs()
+	p.KeyHash = s.keyHash(i)
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		return "", fmt.Errorf("job %d: reserve: %w", i, err)
+	}
+	if r.Outcome != ledger.Created {
+		return "", fmt.Errorf("job %d: reserve: %v, want created", i, r.Outcome)
+	}
+	c, err := l.Complete(ctx, r.Attempt.Ref(), s.answer)
+	if err != nil {
+		return "", fmt.Errorf("job %d: complete: %w", i, err)
+	}
+	if !c.Won {
+		return "", fmt.Errorf("job %d: complete: lost, want won", i)
+	}
+	return r.Job.ID, nil
+}
+
+// preload stores the jobs of keys from to to (both included) in l, from
+// workers goroutines at once.
+func preload(ctx context.Context, l ledger.Ledger, s stored, from, to, workers int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64
+	next.Store(int64(from))
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i <= to && ctx.Err() == nil; i = int(next.Add(1) - 1) {
+				if _, err := s.store(ctx, l, i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// send posts wrk's request (request.lua) with key to the gateway at url
+// and returns its answer.
+func send(url, key string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodPost, url+"/charges", strings.NewReader(`{"amount":4200,"currency":"eur"}`))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer bench")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// learn has the gateway make one job, for wrk's request, on a file ledger
+// of its own, and reads it back: the sweep stores its jobs as the gateway
+// reserved that one (owner, fingerprint and how it was made, retention,
+// provider and lease), with the answer it stored. Only the key differs,
+// hashed as the gateway hashes keys without an owner_secret (checked on
+// the job read back).
+func learn(cfg config, up *upstream) (stored, error) {
+	var s stored
+	path := filepath.Join(cfg.work, "sweep-learn", "ledger.db")
+	site := "\tidempotency {\n\t\tledger file " + path + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	srv, err := startServer(cfg, cfg.gateway, "sweep-learn", "", site)
+	if err != nil {
+		return s, err
+	}
+	const key = "sweep-learn"
+	status, body, err := send(srv.url, key)
+	srv.stop()
+	if err != nil {
+		return s, err
+	}
+	if status != http.StatusOK || body != answer {
+		return s, fmt.Errorf("the gateway answered %d %q, want 200 %q", status, body, answer)
+	}
+	ctx := context.Background()
+	l, err := file.Open(path, file.Options{})
+	if err != nil {
+		return s, err
+	}
+	defer l.Close()
+	page, err := l.Jobs(ctx, ledger.JobQuery{Limit: 2})
+	if err != nil {
+		return s, err
+	}
+	if len(page.Jobs) != 1 {
+		return s, fmt.Errorf("the gateway's ledger holds %d jobs, want 1", len(page.Jobs))
+	}
+	j, err := l.Job(ctx, page.Jobs[0].ID)
+	if err != nil {
+		return s, err
+	}
+	hasher := proxy.NewHasher(nil)
+	switch {
+	case !bytes.Equal(j.KeyHash, hasher.Key(key)):
+		return s, errors.New("the gateway's job does not have the key hash the bench makes (proxy.Hasher without a secret)")
+	case j.State != ledger.JobCompleted || j.Response == nil || !j.Response.Stored || len(j.Attempts) != 1:
+		return s, fmt.Errorf("the gateway's job is %s with %d attempts, want completed with its answer stored and one attempt", j.State, len(j.Attempts))
+	}
+	a := j.Attempts[0]
+	s.params = ledger.ReserveParams{
+		OwnerHash:          j.OwnerHash,
+		Fingerprint:        j.Fingerprint,
+		FingerprintVersion: j.FingerprintVersion,
+		FingerprintScheme:  j.FingerprintScheme,
+		Retention:          j.Retention,
+		Attempt:            ledger.NextAttempt{Provider: a.Provider, Lease: a.Deadline.Sub(a.StartedAt)},
+	}
+	s.answer = *j.Response
+	s.keyHash = func(i int) []byte { return hasher.Key(storedKey(i)) }
+	return s, nil
+}
+
+// sweepPoint is what the sweep found on one ledger at one size.
+type sweepPoint struct {
+	ledger   string
+	size     int
+	jobs     int           // jobs in the ledger when the gateway started
+	after    int           // and when it stopped (the fresh series added some)
+	added    int           // jobs stored directly before the gateway started
+	load     time.Duration // the time it took, until the ledger was ready
+	disk     int64         // bytes: the file ledger's files, or PostgreSQL's tables with their indexes
+	open     time.Duration // file.Open of the ledger, once loaded (the file ledger); 0: not measured
+	start    time.Duration // from starting the gateway to its answer to a replay of a stored job
+	sweepLag float64       // seconds since the gateway's sweeper completed a pass, after the runs
+	rows     []result      // the replay series, then the fresh one
+}
+
+// runSweep measures the sweep on the file ledger, then on PostgreSQL
+// (with -postgres). On an error it returns what it measured before.
+func runSweep(cfg config, up *upstream) ([]sweepPoint, error) {
+	// The profiles are the main series': a sweep's extra runs would
+	// grow its ledger and its time.
+	cfg.profiles = ""
+	run := fmt.Sprintf("%x", time.Now().UnixNano())
+	s, err := learn(cfg, up)
+	if err != nil {
+		return nil, fmt.Errorf("bench: sweep: learning the gateway's reservation: %w", err)
+	}
+	points, err := sweepFile(cfg, up, s, run)
+	if err != nil {
+		return points, fmt.Errorf("bench: sweep: file ledger: %w", err)
+	}
+	if cfg.postgres == "" {
+		log.Printf("no PostgreSQL (-postgres): skipping its sweep")
+		return points, nil
+	}
+	more, err := sweepPostgres(cfg, up, s, run)
+	points = append(points, more...)
+	if err != nil {
+		return points, fmt.Errorf("bench: sweep: PostgreSQL: %w", err)
+	}
+	return points, nil
+}
+
+// sweepFile stores the jobs in a file ledger with file.Open, grows it
+// from one size to the next, and measures the gateway on it at each.
+func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, error) {
+	ctx := context.Background()
+	dir := filepath.Join(cfg.work, "sweep-file")
+	path := filepath.Join(dir, "ledger.db")
+	site := "\tidempotency {\n\t\tledger file " + path + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	var points []sweepPoint
+	jobs, keys := 0, 0
+	for _, size := range cfg.sweep {
+		p := sweepPoint{ledger: "file", size: size, added: max(size-jobs, 0)}
+		log.Printf("sweep: storing %d jobs in the file ledger (%d there)", p.added, jobs)
+		l, err := file.Open(path, file.Options{})
+		if err != nil {
+			return points, err
+		}
+		began := time.Now()
+		err = preload(ctx, l, s, keys+1, keys+p.added, sweepWorkers)
+		p.load = time.Since(began)
+		if cerr := l.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return points, fmt.Errorf("storing jobs: %w", err)
+		}
+		keys += p.added
+		p.jobs = jobs + p.added
+		began = time.Now()
+		if l, err = file.Open(path, file.Options{}); err != nil {
+			return points, err
+		}
+		p.open = time.Since(began)
+		if err := l.Close(); err != nil {
+			return points, err
+		}
+		// The ledger's directory holds the ledger only, whatever files it
+		// keeps there.
+		if p.disk, err = diskSize(dir); err != nil {
+			return points, err
+		}
+		if err := sweepAt(cfg, up, site, keys, &p, run); err != nil {
+			return points, err
+		}
+		points = append(points, p)
+		jobs = p.after
+	}
+	return points, nil
+}
+
+// sweepSchema is the PostgreSQL schema of the sweep's ledger, dropped
+// before and after.
+const sweepSchema = "sweep"
+
+// sweepPostgres stores one job through the ledger, then copies it with
+// SQL once per key with fsync off, and measures the gateway on the
+// ledger, durable, at each size.
+func sweepPostgres(cfg config, up *upstream, s stored, run string) (points []sweepPoint, err error) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, cfg.postgres)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	start, err := readPostgres(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if rerr := setPostgres(ctx, conn, start); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("restoring fsync and synchronous_commit: %w", rerr))
+		}
+		if derr := dropSweepSchemas(ctx, conn); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}()
+	if err := dropSweepSchemas(ctx, conn); err != nil {
+		return nil, err
+	}
+	if err := setPostgres(ctx, conn, levels[nondurable].postgres); err != nil {
+		return nil, err
+	}
+	l, err := postgres.Open(ctx, cfg.postgres, postgres.Options{Schema: sweepSchema})
+	if err != nil {
+		return nil, err
+	}
+	template, err := s.store(ctx, l, 1)
+	l.Close()
+	if err != nil {
+		return nil, fmt.Errorf("storing the first job: %w", err)
+	}
+	pg := "ledger postgres " + withParam(cfg.postgres, "pool_max_conns", strconv.Itoa(cfg.connections)) + " " + sweepSchema
+	site := "\tidempotency {\n\t\t" + pg + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	jobs, keys := 1, 1
+	for _, size := range cfg.sweep {
+		p := sweepPoint{ledger: "postgres", size: size, added: max(size-jobs, 0)}
+		log.Printf("sweep: storing %d jobs in PostgreSQL (%d there)", p.added, jobs)
+		if err := setPostgres(ctx, conn, levels[nondurable].postgres); err != nil {
+			return points, err
+		}
+		began := time.Now()
+		if err := copyJob(ctx, conn, s, template, keys+1, keys+p.added); err != nil {
+			return points, fmt.Errorf("storing jobs: %w", err)
+		}
+		// Statistics and the visibility map as autovacuum would leave
+		// them on a ledger that grew over days; then durable, as the other
+		// PostgreSQL series run (setPostgres checkpoints).
+		if _, err := conn.Exec(ctx, "VACUUM (ANALYZE) "+sweepSchema+".jobs, "+sweepSchema+".attempts"); err != nil {
+			return points, err
+		}
+		if err := setPostgres(ctx, conn, levels[durable].postgres); err != nil {
+			return points, err
+		}
+		p.load = time.Since(began)
+		keys += p.added
+		p.jobs = jobs + p.added
+		if err := conn.QueryRow(ctx, "SELECT pg_total_relation_size($1) + pg_total_relation_size($2)",
+			sweepSchema+".jobs", sweepSchema+".attempts").Scan(&p.disk); err != nil {
+			return points, err
+		}
+		if err := sweepAt(cfg, up, site, keys, &p, run); err != nil {
+			return points, err
+		}
+		points = append(points, p)
+		jobs = p.after
+	}
+	return points, nil
+}
+
+// copyJob copies the job template, stored through the ledger, for the
+// keys from to to: every column of the tables as the migrations and
+// expansions define them (ledger/postgres/migrations, expansions), with
+// a new job id, key hash and attempt id. Each batch is one transaction.
+func copyJob(ctx context.Context, conn *pgx.Conn, s stored, template string, from, to int) error {
+	const batch = 50_000
+	for lo := from; lo <= to; lo += batch {
+		hi := min(lo+batch-1, to)
+		var ids, attempts []string
+		var keys [][]byte
+		for i := lo; i <= hi; i++ {
+			ids, attempts, keys = append(ids, ledger.NewID()), append(attempts, ledger.NewID()), append(keys, s.keyHash(i))
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `INSERT INTO `+sweepSchema+`.jobs (id, owner_hash, key_hash, fingerprint,
+				fingerprint_version, fingerprint_scheme, state, version, completed_by, attempt_count, retention,
+				created_at, completed_at, expires_at, lease_until, response_status, response_header,
+				response_body, response_size, response_stored)
+			SELECT n.id::uuid, t.owner_hash, n.key_hash, t.fingerprint,
+				t.fingerprint_version, t.fingerprint_scheme, t.state, t.version, n.attempt::uuid, t.attempt_count, t.retention,
+				t.created_at, t.completed_at, t.expires_at, t.lease_until, t.response_status, t.response_header,
+				t.response_body, t.response_size, t.response_stored
+			FROM `+sweepSchema+`.jobs t, unnest($2::text[], $3::text[], $4::bytea[]) AS n(id, attempt, key_hash)
+			WHERE t.id = $1::text::uuid`, template, ids, attempts, keys)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() != int64(len(ids)) {
+				return fmt.Errorf("%d jobs stored, want %d", tag.RowsAffected(), len(ids))
+			}
+			tag, err = tx.Exec(ctx, `INSERT INTO `+sweepSchema+`.attempts (id, job_id, number, provider, state,
+				job_version, started_at, deadline, finished_at, error, resend, lookup_tries, lookup_last_status,
+				lookup_last_at, lookup_next_at, lookup_settled, lookup_holder, lookup_until)
+			SELECT n.attempt::uuid, n.id::uuid, a.number, a.provider, a.state,
+				a.job_version, a.started_at, a.deadline, a.finished_at, a.error, a.resend, a.lookup_tries, a.lookup_last_status,
+				a.lookup_last_at, a.lookup_next_at, a.lookup_settled, a.lookup_holder, a.lookup_until
+			FROM `+sweepSchema+`.attempts a, unnest($2::text[], $3::text[]) AS n(id, attempt)
+			WHERE a.job_id = $1::text::uuid`, template, ids, attempts)
+			if err == nil && tag.RowsAffected() != int64(len(ids)) {
+				err = fmt.Errorf("%d attempts stored, want %d", tag.RowsAffected(), len(ids))
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropSweepSchemas drops the sweep's schema and its functions' schemas.
+func dropSweepSchemas(ctx context.Context, conn *pgx.Conn) error {
+	rows, err := conn.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname = $1 OR nspname ~ ('^' || $1 || '_fn[0-9]+$')`, sweepSchema)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			return fmt.Errorf("dropping schema %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// sweepAt starts the gateway on a ledger that holds p.jobs jobs, those of
+// keys 1 to keys stored beforehand, times its start until it answers a
+// replay of one, and measures replays of stored jobs picked at random,
+// then fresh keys, with the gateway's sweeper running as it runs by
+// default.
+func sweepAt(cfg config, up *upstream, site string, keys int, p *sweepPoint, run string) error {
+	name := "sweep_" + p.ledger + "_" + jobsLabel(p.size)
+	hits := up.hits.Load()
+	began := time.Now()
+	srv, err := startServer(cfg, cfg.gateway, name, "", site)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	status, body, err := send(srv.url, storedKey(1))
+	if err != nil {
+		return err
+	}
+	if status != http.StatusOK || body != answer {
+		return fmt.Errorf("a replay of a stored job: the gateway answered %d %q, want 200 %q", status, body, answer)
+	}
+	p.start = time.Since(began)
+	for _, kind := range []struct{ suffix, mode string }{{"replay", "stored"}, {"fresh", "fresh"}} {
+		s := series{name: name + "_" + kind.suffix, mode: kind.mode, prefix: storedPrefix, keys: keys}
+		m, err := measureOn(cfg, up, srv, s, run)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		r := median(m.samples)
+		r.name, r.peakRSS = s.name, m.peak
+		r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
+		if first := cfg.sweep[0]; p.size != first {
+			r.baseline, r.target = "sweep_"+p.ledger+"_"+jobsLabel(first)+"_"+kind.suffix, sweepTarget
+		}
+		log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
+		p.rows = append(p.rows, r)
+	}
+	p.sweepLag = metric(srv.admin, "caddy_idempotency_ledger_sweep_lag_seconds")
+	// Every fresh request reached the upstream once and made one job; no
+	// replay did (measureOn checks).
+	p.after = p.jobs + int(up.hits.Load()-hits)
+	return nil
+}
+
+// diskSize sums the sizes of the files under path.
+func diskSize(path string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(path, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		info, err := d.Info()
+		if err == nil {
+			total += info.Size()
+		}
+		return err
+	})
+	return total, err
+}
+
+// sweepRows returns the series of the sweep's points, for the table.
+func sweepRows(points []sweepPoint) []result {
+	var rows []result
+	for _, p := range points {
+		rows = append(rows, p.rows...)
+	}
+	return rows
+}
+
+// printSweep prints one line per ledger and size: the jobs, how they were
+// stored, the ledger's size and start, and the rates and CPU of its
+// series (their targets are in the table).
+func printSweep(w io.Writer, points []sweepPoint) {
+	if len(points) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nsweep: jobs stored in the ledger directly, then through the gateway (its sweeper running) replays of stored jobs picked at random, and fresh keys\n")
+	fmt.Fprintf(w, "%-9s %8s %8s %8s %7s %8s %9s %8s %8s %8s %10s %9s %10s %9s\n",
+		"ledger", "jobs", "after", "stored", "load-s", "jobs/s", "disk-MiB", "open-ms", "start-ms", "sweep-s",
+		"replay/s", "cpu-us", "fresh/s", "cpu-us")
+	for _, p := range points {
+		open, rate := "-", "-"
+		if p.open > 0 {
+			open = fmt.Sprintf("%.0f", ms(p.open))
+		}
+		if p.added > 0 && p.load > 0 {
+			rate = fmt.Sprintf("%.0f", float64(p.added)/p.load.Seconds())
+		}
+		fmt.Fprintf(w, "%-9s %8d %8d %8d %7.1f %8s %9.1f %8s %8.0f %8.1f", p.ledger, p.jobs, p.after, p.added,
+			p.load.Seconds(), rate, float64(p.disk)/(1<<20), open, ms(p.start), p.sweepLag)
+		for _, r := range p.rows {
+			fmt.Fprintf(w, " %10.0f %9.1f", r.rps, float64(r.cpu)/float64(time.Microsecond))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "jobs: in the ledger when the gateway started, after: when it stopped; stored: directly, in load-s; open-ms: file.Open of the loaded ledger; start-ms: from starting the gateway to its answer to a replay; sweep-s: since the sweeper's last pass, after the runs\n")
+	fmt.Fprintf(w, "the memory ledger cannot be filled before its gateway starts: go test -run '^$' -bench Preloaded ./integration/bench measures it in process\n")
+}

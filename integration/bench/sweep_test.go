@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/memory"
+)
+
+// BenchmarkPreloaded is the sweep on the memory ledger, which cannot be
+// filled before a gateway process starts: with 10k, 100k and 1M completed
+// jobs stored, the ledger grown from one size to the next, it measures
+// fresh (a Reserve and a Complete of a new key), replay (a Reserve of a
+// stored job picked at random) and sweep (one Sweep call, the gateway's
+// sweeper's pass, with nothing due). The jobs a fresh run adds expire
+// before the next run, on the ledger's clock, which the benchmark moves:
+// each size holds its number of jobs.
+//
+//	go test -run '^$' -bench Preloaded ./integration/bench
+func BenchmarkPreloaded(b *testing.B) {
+	ctx := context.Background()
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	l := memory.New(memory.WithClock(func() time.Time { return time.Unix(0, clock.Load()) }))
+	resp := ledger.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}},
+		Body: []byte(answer), Size: int64(len(answer)), Stored: true}
+	fp := sha256.Sum256([]byte("POST /charges " + `{"amount":4200,"currency":"eur"}`))
+	owner := sha256.Sum256([]byte("Bearer bench"))
+	s := stored{
+		params: ledger.ReserveParams{
+			OwnerHash:          owner[:],
+			Fingerprint:        fp[:],
+			FingerprintVersion: 1,
+			Retention:          30 * 24 * time.Hour,
+			Attempt:            ledger.NextAttempt{Provider: "next", Lease: 5 * time.Minute},
+		},
+		answer: resp,
+		// Key hashes as short as can be: what the benchmark measures is
+		// the ledger, not SHA-256.
+		keyHash: func(i int) []byte { return binary.BigEndian.AppendUint64(nil, uint64(i)) },
+	}
+	// Fresh jobs are kept an hour, the stored ones 30 days.
+	fresh := s
+	fresh.params.Retention = time.Hour
+	jobs, next := 0, 1
+	for _, size := range []int{10_000, 100_000, 1_000_000} {
+		if err := preload(ctx, l, s, jobs+1, size, sweepWorkers); err != nil {
+			b.Fatal(err)
+		}
+		jobs, next = size, size+1
+		label := jobsLabel(size)
+		b.Run(label+"/fresh", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := fresh.store(ctx, l, next); err != nil {
+					b.Fatal(err)
+				}
+				next++
+			}
+		})
+		// What fresh added expires, and is swept.
+		clock.Add(int64(2 * time.Hour))
+		for {
+			st, err := l.Sweep(ctx, 100_000)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if st.Removed < 100_000 {
+				break
+			}
+		}
+		if n := l.Len(); n != size {
+			b.Fatalf("the ledger holds %d jobs after the sweep, want %d", n, size)
+		}
+		b.Run(label+"/replay", func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, uint64(size)))
+			for b.Loop() {
+				p := s.params.WithNewIDs()
+				p.KeyHash = s.keyHash(1 + rng.IntN(size))
+				r, err := l.Reserve(ctx, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r.Outcome != ledger.Done {
+					b.Fatalf("replay: %v, want done", r.Outcome)
+				}
+			}
+		})
+		b.Run(label+"/sweep", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := l.Sweep(ctx, 1000); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
