@@ -29,14 +29,11 @@ func (l *Ledger) Load(rec []byte) error {
 		l.drop(old.id)
 	}
 	e := &entry{key: key, id: j.ID}
-	if !j.ExpiresAt.IsZero() {
-		e.expiresAt = j.ExpiresAt.UnixNano()
-	}
+	var packed []byte // nil: held as itself
 	if settled(j) {
-		e.packed = rec
-	} else {
-		e.job = j
+		packed = rec
 	}
+	l.hold(e, j, packed)
 	l.byKey[key] = e
 	l.byID[j.ID] = e
 	return nil
@@ -57,6 +54,7 @@ func (l *Ledger) drop(jobID string) {
 		if l.byKey[e.key] == e {
 			delete(l.byKey, e.key)
 		}
+		l.unindex(e)
 		l.replays.Forget(e.key)
 	}
 }

@@ -28,6 +28,7 @@ type Ledger struct {
 	mu      sync.Mutex
 	byKey   map[string]*entry // owner hash + key hash
 	byID    map[string]*entry
+	index   index
 	replays *near.Cache // settled jobs replayed lately, decoded, by identity
 }
 
@@ -76,17 +77,11 @@ func (e *entry) load() (*ledger.Job, error) {
 // store keeps j as the entry's job, packed when it is settled, and
 // journals it. l.mu must be held.
 func (l *Ledger) store(e *entry, j *ledger.Job) {
-	e.expiresAt = 0
-	if !j.ExpiresAt.IsZero() {
-		e.expiresAt = j.ExpiresAt.UnixNano()
-	}
 	var rec []byte
 	if settled(j) {
 		rec = record.Encode(j)
-		e.job, e.packed = nil, rec
-	} else {
-		e.job, e.packed = j, nil
 	}
+	l.hold(e, j, rec)
 	if l.journal != nil {
 		if rec == nil {
 			rec = record.Encode(j)
@@ -159,6 +154,7 @@ func New(opts ...Option) *Ledger {
 		now:     time.Now,
 		byKey:   make(map[string]*entry),
 		byID:    make(map[string]*entry),
+		index:   index{unsettled: make(map[*entry]struct{})},
 		replays: near.New(10000, 64<<20),
 	}
 	l.Applier = fsm.Applier{Update: l.update}
@@ -237,6 +233,7 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 func (l *Ledger) remove(e *entry) uint64 {
 	delete(l.byKey, e.key)
 	delete(l.byID, e.id)
+	l.unindex(e)
 	l.replays.Forget(e.key)
 	e.notify()
 	if l.journal != nil {
@@ -423,7 +420,8 @@ func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 	})
 }
 
-// Sweep implements ledger.Ledger.
+// Sweep implements ledger.Ledger: it reads the jobs whose expiry came and
+// the jobs not settled (see index), not every job.
 func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) {
 	var (
 		st     ledger.SweepStats
@@ -431,16 +429,13 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 	)
 	now := l.now()
 	l.mu.Lock()
-	for _, e := range l.byID {
+	for _, e := range l.due(now.UnixNano(), limit) {
+		change = max(change, l.remove(e))
+		st.Removed++
+	}
+	for e := range l.index.unsettled {
 		if e.expired(now) {
-			if st.Removed < limit {
-				change = max(change, l.remove(e))
-				st.Removed++
-			}
-			continue
-		}
-		if e.job == nil {
-			continue // settled: no lease to run out
+			continue // removed by a later sweep
 		}
 		if n := fsm.ApplyLeases(e.job, now); n > 0 {
 			st.Unknown += n

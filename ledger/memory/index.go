@@ -1,0 +1,74 @@
+package memory
+
+import (
+	"container/heap"
+
+	"github.com/onejob/onejob/ledger"
+)
+
+// index holds what a sweep looks at, so that it does not walk every job:
+// the jobs that may still change by themselves (not settled: an attempt's
+// lease can run out) and the jobs by expiry, earliest first. An expiry
+// that changed or a job removed leaves its old entry in the heap, dropped
+// when it comes up.
+type index struct {
+	unsettled map[*entry]struct{}
+	expiry    expiryHeap
+}
+
+type expiring struct {
+	at int64 // Unix nanoseconds
+	e  *entry
+}
+
+type expiryHeap []expiring
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiring)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// hold makes j the entry's job, as itself or (settled) as its record rec,
+// and indexes it. l.mu must be held.
+func (l *Ledger) hold(e *entry, j *ledger.Job, rec []byte) {
+	before := e.expiresAt
+	e.expiresAt = 0
+	if !j.ExpiresAt.IsZero() {
+		e.expiresAt = j.ExpiresAt.UnixNano()
+	}
+	if e.expiresAt != 0 && e.expiresAt != before {
+		heap.Push(&l.index.expiry, expiring{at: e.expiresAt, e: e})
+	}
+	if rec != nil {
+		e.job, e.packed = nil, rec
+		delete(l.index.unsettled, e)
+	} else {
+		e.job, e.packed = j, nil
+		l.index.unsettled[e] = struct{}{}
+	}
+}
+
+// unindex forgets a removed entry. l.mu must be held.
+func (l *Ledger) unindex(e *entry) {
+	delete(l.index.unsettled, e)
+}
+
+// due pops the entries whose expiry has come, at most limit of them,
+// still held and with that expiry. l.mu must be held.
+func (l *Ledger) due(now int64, limit int) []*entry {
+	var out []*entry
+	h := &l.index.expiry
+	for h.Len() > 0 && (*h)[0].at <= now && len(out) < limit {
+		x := heap.Pop(h).(expiring)
+		if l.byID[x.e.id] == x.e && x.e.expiresAt == x.at {
+			out = append(out, x.e)
+		}
+	}
+	return out
+}
