@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/onejob/onejob/ledger/ledgertest"
 )
 
 func newKey(t *testing.T) string {
@@ -178,10 +179,7 @@ func TestPrivateAnswers(t *testing.T) {
 		t.Fatalf("operator's answer read back: %v %+v", err, j)
 	}
 
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := ledgertest.DirBytes(t, path)
 	for _, s := range []string{"body-secret", "header-secret", "cookie-secret", "signature-secret", "operator-secret", "op-header-secret"} {
 		if bytes.Contains(raw, []byte(s)) {
 			t.Errorf("the ledger file holds %q in clear", s)

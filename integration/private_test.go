@@ -10,12 +10,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onejob/onejob/ledger/ledgertest"
 )
 
 // privateSite answers with a cookie, a header never_store names, an
@@ -133,21 +134,7 @@ func operatorView(t *testing.T, g *gateway, b backend, id string) []byte {
 	return view
 }
 
-// fileLedgerBytes returns what the gateway's file ledger holds on disk:
-// the bytes of every file in its directory.
+// fileLedgerBytes returns what the gateway's file ledger holds on disk.
 func fileLedgerBytes(t *testing.T, g *gateway) []byte {
-	t.Helper()
-	names, err := filepath.Glob(filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db", "*"))
-	if err != nil || len(names) == 0 {
-		t.Fatalf("the file ledger's files: %v %v", names, err)
-	}
-	var all []byte
-	for _, name := range names {
-		b, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, b...)
-	}
-	return all
+	return ledgertest.DirBytes(t, filepath.Join(g.home, "data", "caddy", "onejob", "ledger.db"))
 }

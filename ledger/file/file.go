@@ -103,14 +103,8 @@ func Open(path string, opts Options) (*Ledger, error) {
 	if err := migrate(path, opts.Timeout); err != nil {
 		return nil, fmt.Errorf("file ledger %s: migrating the earlier release's file: %w", path, err)
 	}
-	if _, err := os.Stat(path); os.IsNotExist(err) {
-		// A new ledger: its directory's name too must survive a crash.
-		if err := os.Mkdir(path, 0o700); err != nil {
-			return nil, fmt.Errorf("file ledger: %w", err)
-		}
-		if err := wal.SyncDir(filepath.Dir(path)); err != nil {
-			return nil, fmt.Errorf("file ledger: %w", err)
-		}
+	if err := makeDir(path); err != nil {
+		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
 	l := &Ledger{dir: path, compactAt: opts.CompactAt}
 	var err error
@@ -127,6 +121,31 @@ func Open(path string, opts Options) (*Ledger, error) {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
 	return l, nil
+}
+
+// makeDir creates the ledger's directory, or checks that the directory
+// there is one: empty, or holding only a ledger's files. A path that names
+// some other directory ("/", a home directory) is a mistake, not a place
+// to write a log in.
+func makeDir(path string) error {
+	entries, err := os.ReadDir(path)
+	if os.IsNotExist(err) {
+		if err := os.Mkdir(path, 0o700); err != nil {
+			return err
+		}
+		// Its name too must survive a crash.
+		return wal.SyncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".tmp")
+		if kind, _, _ := strings.Cut(name, "-"); name != "LOCK" && kind != "log" && kind != "snap" {
+			return fmt.Errorf("not a ledger directory: it holds %s; give the ledger a path of its own", e.Name())
+		}
+	}
+	return nil
 }
 
 // lockDir takes the directory's lock, waiting up to timeout for another

@@ -2,7 +2,9 @@ package file
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +118,22 @@ func TestReplaysKeptInProcess(t *testing.T) {
 	got, err := l.Reserve(ctx, p.WithNewIDs())
 	if err != nil || got.Outcome != ledger.Created || got.Job.ID == r.Job.ID {
 		t.Fatalf("after expiry: %v %v, want a new job", got.Outcome, err)
+	}
+}
+
+// A path that names a directory of other files is refused, not written in.
+func TestNotALedgerDirectory(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := Open(dir, Options{}); err == nil || !strings.Contains(err.Error(), "not a ledger directory") {
+		if l != nil {
+			l.Close()
+		}
+		t.Fatalf("opening a directory of other files: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "LOCK")); !os.IsNotExist(err) {
+		t.Errorf("the directory was written in: %v", err)
 	}
 }

@@ -1,7 +1,6 @@
 package file
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -27,18 +26,6 @@ func TestFilePurge(t *testing.T) { ledgertest.RunPurge(t, harness) }
 // The operator's view of a file ledger: the bytes of its files.
 func TestFileSealed(t *testing.T) {
 	ledgertest.RunSealed(t, harness, func(t *testing.T, l ledger.Ledger) []byte {
-		names, err := filepath.Glob(filepath.Join(l.(*Ledger).Path(), "*"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var all []byte
-		for _, name := range names {
-			b, err := os.ReadFile(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			all = append(all, b...)
-		}
-		return all
+		return ledgertest.DirBytes(t, l.(*Ledger).Path())
 	})
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -174,4 +176,23 @@ func sameAnswer(got, want *ledger.Response) bool {
 	}
 	return got.Status == want.Status && bytes.Equal(got.Body, want.Body) && got.Size == want.Size &&
 		got.Stored == want.Stored && fmt.Sprint(got.Header) == fmt.Sprint(want.Header) && reflect.DeepEqual(got.Header, want.Header)
+}
+
+// DirBytes returns the bytes of every file in dir, one after another: what
+// an operator with the disk sees of a file ledger.
+func DirBytes(t testing.TB, dir string) []byte {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("the files of %s: %v %v", dir, names, err)
+	}
+	var all []byte
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, b...)
+	}
+	return all
 }
