@@ -61,8 +61,9 @@ func (m *MemoryLedger) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // FileLedger keeps jobs in one local file (bbolt): durable across restarts
 // with no server to run, for one gateway on one machine. The default.
 type FileLedger struct {
-	// Path of the ledger file. Default: onejob/ledger.db in Caddy's data
-	// directory.
+	// Path of the ledger's directory (a bbolt file of the earlier
+	// releases there is migrated at start). Default: onejob/ledger.db in
+	// Caddy's data directory.
 	Path string `json:"path,omitempty"`
 
 	LedgerHolder
@@ -76,8 +77,9 @@ func (FileLedger) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision opens the file, or shares it with the config being replaced:
-// bbolt allows one open per file, so reloads reuse the open database.
+// Provision opens the ledger, or shares it with the config being
+// replaced: one process holds a ledger directory, so reloads reuse the
+// open ledger.
 func (f *FileLedger) Provision(ctx caddy.Context) error {
 	path := caddy.NewReplacer().ReplaceAll(f.Path, "")
 	if path == "" {
