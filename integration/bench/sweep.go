@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log"
 	"net/http"
 	"path/filepath"
@@ -297,7 +296,7 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		}
 		// The ledger's directory holds the ledger only, whatever files it
 		// keeps there.
-		if p.disk, err = diskSize(dir); err != nil {
+		if p.disk, err = file.Size(dir); err != nil {
 			return points, err
 		}
 		if err := sweepAt(cfg, up, site, keys, &p, run); err != nil {
@@ -498,22 +497,6 @@ func sweepAt(cfg config, up *upstream, site string, keys int, p *sweepPoint, run
 	// replay did (measureOn checks).
 	p.after = p.jobs + int(up.hits.Load()-hits)
 	return nil
-}
-
-// diskSize sums the sizes of the files under path.
-func diskSize(path string) (int64, error) {
-	var total int64
-	err := filepath.WalkDir(path, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		info, err := d.Info()
-		if err == nil {
-			total += info.Size()
-		}
-		return err
-	})
-	return total, err
 }
 
 // sweepRows returns the series of the sweep's points, for the table.

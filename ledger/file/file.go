@@ -335,7 +335,8 @@ func (l *Ledger) Close() error {
 	return err
 }
 
-// Size returns the bytes the ledger's files take on disk.
+// Size returns the bytes the ledger's files in dir take on disk (the
+// benchmark's sweep reports it).
 func Size(dir string) (int64, error) {
 	var n int64
 	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
