@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,10 +64,13 @@ type Ledger struct {
 	lock      *os.File
 	log       *wal.Log
 	compactAt int64
+	// trigger is the log's size that starts the next compaction: the
+	// last snapshot's size, at least compactAt. Read after every
+	// operation, without a lock.
+	trigger atomic.Int64
 
 	compacting sync.Mutex // one compaction at a time
 	mu         sync.Mutex
-	snapSize   int64 // bytes of the last snapshot (or of the log, after a compaction failed)
 	closed     bool
 	done       sync.WaitGroup // a compaction under way
 }
@@ -107,6 +111,7 @@ func Open(path string, opts Options) (*Ledger, error) {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
 	l := &Ledger{dir: path, compactAt: opts.CompactAt}
+	l.setTrigger(0)
 	var err error
 	if l.lock, err = lockDir(path, opts.Timeout); err != nil {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
@@ -190,9 +195,11 @@ func (l *Ledger) recover() (uint64, error) {
 	next := uint64(firstSegment)
 	if len(snaps) > 0 {
 		next = snaps[len(snaps)-1]
-		if l.snapSize, err = l.replay(wal.Name("snap", next)); err != nil {
+		size, err := l.replay(wal.Name("snap", next))
+		if err != nil {
 			return 0, err
 		}
+		l.setTrigger(size)
 	}
 	for _, seq := range logs {
 		if seq < next {
@@ -265,9 +272,12 @@ func (l *Ledger) removeBefore(seq uint64) error {
 // snapshot, unless one is under way.
 func (l *Ledger) maybeCompact() {
 	size := l.log.Size()
+	if size < l.trigger.Load() {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || size < max(l.compactAt, l.snapSize) || !l.compacting.TryLock() {
+	if l.closed || !l.compacting.TryLock() {
 		return
 	}
 	l.done.Add(1)
@@ -277,9 +287,7 @@ func (l *Ledger) maybeCompact() {
 		if err := l.Compact(); err != nil {
 			// Tried again once the log has doubled: the log still holds
 			// every change, and a full disk may have room by then.
-			l.mu.Lock()
-			l.snapSize = max(l.snapSize, size)
-			l.mu.Unlock()
+			l.setTrigger(max(l.trigger.Load(), size))
 		}
 	}()
 }
@@ -309,11 +317,13 @@ func (l *Ledger) Compact() error {
 	if err != nil {
 		return fmt.Errorf("file ledger %s: snapshot: %w", l.dir, err)
 	}
-	l.mu.Lock()
-	l.snapSize = size
-	l.mu.Unlock()
+	l.setTrigger(size)
 	return l.removeBefore(seq)
 }
+
+// setTrigger has the next compaction start once the log is as large as
+// a snapshot of size bytes, and at least compactAt.
+func (l *Ledger) setTrigger(size int64) { l.trigger.Store(max(l.compactAt, size)) }
 
 // Path returns the ledger directory's path.
 func (l *Ledger) Path() string { return l.dir }

@@ -22,12 +22,11 @@ func testParams(key string) ledger.ReserveParams {
 		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}
 }
 
-// someJobs returns n jobs made by a memory ledger, completed with answer
-// "answer <i>" but every fourth, left pending.
-func someJobs(t *testing.T, n int) []*ledger.Job {
+// someJobs makes n jobs in m, completed with answer "answer <i>" but
+// every fourth, left pending, and returns them.
+func someJobs(t *testing.T, m ledger.Ledger, n int) []*ledger.Job {
 	t.Helper()
 	ctx := context.Background()
-	m := memory.New()
 	var jobs []*ledger.Job
 	for i := range n {
 		r, err := m.Reserve(ctx, testParams(fmt.Sprint("k", i)).WithNewIDs())
@@ -110,7 +109,7 @@ func writeBolt(t *testing.T, path string, jobs []*ledger.Job) {
 // opened again; the old file is kept beside it.
 func TestMigratesBoltFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	jobs := someJobs(t, 40)
+	jobs := someJobs(t, memory.New(), 40)
 	writeBolt(t, path, jobs)
 	l, err := Open(path, Options{})
 	if err != nil {
@@ -135,7 +134,7 @@ func TestMigratesBoltFile(t *testing.T) {
 // half written, or not at all) starts over from the renamed file.
 func TestMigrationResumes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	jobs := someJobs(t, 12)
+	jobs := someJobs(t, memory.New(), 12)
 	writeBolt(t, path+".bbolt", jobs)
 	if err := os.Mkdir(path+".tmp", 0o700); err != nil {
 		t.Fatal(err)
@@ -164,20 +163,7 @@ func TestCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var jobs []*ledger.Job
-	for i := range 400 {
-		r, err := l.Reserve(ctx, testParams(fmt.Sprint("k", i)).WithNewIDs())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i%4 != 3 {
-			body := fmt.Appendf(nil, "answer %d", i)
-			if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 201, Body: body, Size: int64(len(body)), Stored: true}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		jobs = append(jobs, r.Job)
-	}
+	jobs := someJobs(t, l, 400)
 	purged := testParams("purged")
 	purged.OwnerHash = []byte("another owner")
 	r, err := l.Reserve(ctx, purged.WithNewIDs())

@@ -23,33 +23,18 @@ type Applier struct {
 }
 
 // Hedge implements ledger.Ledger.
-func (x Applier) Hedge(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
-	err = x.Update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		a, e = Hedge(j, ref, next, now)
-		return e
-	})
-	return a, err
+func (x Applier) Hedge(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return apply(x, ref.JobID, func(j *ledger.Job, now time.Time) (ledger.Attempt, error) { return Hedge(j, ref, next, now) })
 }
 
 // Resend implements ledger.Ledger.
-func (x Applier) Resend(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (a ledger.Attempt, err error) {
-	err = x.Update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		a, e = Resend(j, ref, next, now)
-		return e
-	})
-	return a, err
+func (x Applier) Resend(_ context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return apply(x, ref.JobID, func(j *ledger.Job, now time.Time) (ledger.Attempt, error) { return Resend(j, ref, next, now) })
 }
 
 // Complete implements ledger.Ledger.
-func (x Applier) Complete(_ context.Context, ref ledger.AttemptRef, resp ledger.Response) (c ledger.Completion, err error) {
-	err = x.Update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		c, e = Complete(j, ref, resp, now)
-		return e
-	})
-	return c, err
+func (x Applier) Complete(_ context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
+	return apply(x, ref.JobID, func(j *ledger.Job, now time.Time) (ledger.Completion, error) { return Complete(j, ref, resp, now) })
 }
 
 // SaveBody implements ledger.Ledger.
@@ -60,13 +45,8 @@ func (x Applier) SaveBody(_ context.Context, ref ledger.AttemptRef, body []byte,
 }
 
 // Fail implements ledger.Ledger.
-func (x Applier) Fail(_ context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (a *ledger.Attempt, err error) {
-	err = x.Update(ref.JobID, func(j *ledger.Job, now time.Time) error {
-		var e error
-		a, e = Fail(j, ref, reason, next, now)
-		return e
-	})
-	return a, err
+func (x Applier) Fail(_ context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	return apply(x, ref.JobID, func(j *ledger.Job, now time.Time) (*ledger.Attempt, error) { return Fail(j, ref, reason, next, now) })
 }
 
 // Unsent implements ledger.Ledger.
@@ -100,14 +80,22 @@ func (x Applier) Resolve(_ context.Context, jobID string, r ledger.Resolution) (
 
 // updated applies fn with Update and returns a copy of the job as fn left
 // it, or fn's error (and no job).
-func (x Applier) updated(jobID string, fn func(j *ledger.Job, now time.Time) error) (j *ledger.Job, err error) {
-	err = x.Update(jobID, func(job *ledger.Job, now time.Time) error {
-		j = nil
-		if e := fn(job, now); e != nil {
-			return e
+func (x Applier) updated(jobID string, fn func(j *ledger.Job, now time.Time) error) (*ledger.Job, error) {
+	return apply(x, jobID, func(j *ledger.Job, now time.Time) (*ledger.Job, error) {
+		if err := fn(j, now); err != nil {
+			return nil, err
 		}
-		j = job.Clone()
-		return nil
+		return j.Clone(), nil
 	})
-	return j, err
+}
+
+// apply runs a transition that has a result with x.Update, and returns
+// the result of its last run (zero when there is no such job).
+func apply[T any](x Applier, jobID string, fn func(j *ledger.Job, now time.Time) (T, error)) (v T, err error) {
+	err = x.Update(jobID, func(j *ledger.Job, now time.Time) error {
+		var e error
+		v, e = fn(j, now)
+		return e
+	})
+	return v, err
 }

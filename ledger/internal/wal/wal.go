@@ -105,7 +105,6 @@ type Log struct {
 	mu       sync.Mutex
 	f        *os.File
 	seq      uint64 // the segment's number
-	size     int64  // bytes appended to the segment, written or not
 	off      int64  // bytes written to the segment
 	zeroed   int64  // bytes of the segment written with zeros ahead
 	buf      []byte // appended, not yet written
@@ -115,6 +114,7 @@ type Log struct {
 	flushed  chan struct{}
 	err      error // the first failed write or flush: the log is unusable
 
+	size    atomic.Int64  // bytes appended to the segment, written or not
 	durable atomic.Uint64 // records on disk
 	flushes atomic.Uint64 // fdatasyncs done
 }
@@ -138,7 +138,8 @@ func (l *Log) create(seq uint64) error {
 		f.Close()
 		return err
 	}
-	l.f, l.seq, l.size, l.off, l.zeroed = f, seq, 0, 0, 0
+	l.f, l.seq, l.off, l.zeroed = f, seq, 0, 0
+	l.size.Store(0)
 	return nil
 }
 
@@ -171,17 +172,14 @@ func (l *Log) Append(kind byte, payload []byte) uint64 {
 	defer l.mu.Unlock()
 	before := len(l.buf)
 	l.buf = Append(l.buf, kind, payload)
-	l.size += int64(len(l.buf) - before)
+	l.size.Add(int64(len(l.buf) - before))
 	l.appended++
 	return l.appended
 }
 
-// Size returns the bytes appended to the current segment.
-func (l *Log) Size() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.size
-}
+// Size returns the bytes appended to the current segment. It takes no
+// lock: a ledger asks after every operation.
+func (l *Log) Size() int64 { return l.size.Load() }
 
 // Sync returns once record n and every record before it are on disk. The
 // caller that finds no write under way writes and flushes everything
