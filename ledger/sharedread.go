@@ -30,7 +30,11 @@ import (
 // The read runs on its own goroutine with a context of its own, cancelled
 // when every waiter that shares it has given up, so that one waiter's
 // cancellation never fails the others. Each sharer gets its own copy of
-// the job.
+// the job. A read that returned the job stays, finished, until a later
+// read replaces it or the job's last waiter leaves (drop): a waiter that
+// comes to it late — one of ten thousand woken by one notification, say —
+// takes its result by the same rule as if it had joined in flight, rather
+// than reading again.
 type sharedReads struct {
 	mu      sync.Mutex
 	flights map[string]*flight // by job: the latest read in flight
@@ -39,10 +43,12 @@ type sharedReads struct {
 
 // flight is one read of a job in flight.
 type flight struct {
-	stamp   uint64 // the number of the last event before it started
-	sharers int    // waiters waiting for it; under sharedReads.mu
-	cancel  context.CancelFunc
-	done    chan struct{} // closed when the read returned
+	stamp    uint64    // the number of the last event before it started
+	sharers  int       // waiters waiting for it; under sharedReads.mu
+	finished bool      // it ended with the job; under sharedReads.mu
+	ended    time.Time // when it finished
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when the read returned
 
 	job *Job // set before done is closed, read-only after
 	now time.Time
@@ -56,6 +62,12 @@ func (r *sharedReads) read(ctx context.Context, jobID string, need uint64, stamp
 	read func(context.Context) (*Job, time.Time, error)) (*Job, time.Time, error) {
 	r.mu.Lock()
 	f := r.flights[jobID]
+	if f != nil && f.finished && f.stamp >= need {
+		r.mu.Unlock()
+		// The ledger's clock, moved on by the time since the read
+		// ended: the waiter's lease deadlines are timed from it.
+		return f.job.Clone(), f.now.Add(time.Since(f.ended)), nil
+	}
 	if f == nil || f.stamp < need {
 		// Stamped before it starts: every event up to the stamp came
 		// before the read.
@@ -77,7 +89,7 @@ func (r *sharedReads) read(ctx context.Context, jobID string, need uint64, stamp
 	case <-ctx.Done():
 		r.mu.Lock()
 		f.sharers--
-		if f.sharers == 0 {
+		if f.sharers == 0 && !f.finished {
 			// Nobody waits for it: cancel it, and let nobody join it.
 			f.cancel()
 			r.forget(jobID, f)
@@ -92,7 +104,11 @@ func (r *sharedReads) run(ctx context.Context, jobID string, f *flight, read fun
 	f.job, f.now, f.err = read(ctx)
 	f.cancel()
 	r.mu.Lock()
-	r.forget(jobID, f)
+	if f.err == nil {
+		f.finished, f.ended, f.sharers = true, time.Now(), 0
+	} else {
+		r.forget(jobID, f)
+	}
 	r.mu.Unlock()
 	close(f.done)
 }
@@ -101,6 +117,16 @@ func (r *sharedReads) run(ctx context.Context, jobID string, f *flight, read fun
 // r.mu is held.
 func (r *sharedReads) forget(jobID string, f *flight) {
 	if r.flights[jobID] == f {
+		delete(r.flights, jobID)
+	}
+}
+
+// drop forgets the read of jobID kept after it ended: its job's last
+// waiter left.
+func (r *sharedReads) drop(jobID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f := r.flights[jobID]; f != nil && f.finished {
 		delete(r.flights, jobID)
 	}
 }

@@ -151,6 +151,11 @@ func TestSubscriberWaitersShareOneRead(t *testing.T) {
 	if got := s.WaitReads(); got != 2 {
 		t.Errorf("%d reads for %d waiters, want 2 (the confirmation's and the notification's)", got, n)
 	}
+	waitFor(t, "the last read forgotten once every waiter left", func() bool {
+		s.reads.mu.Lock()
+		defer s.reads.mu.Unlock()
+		return len(s.reads.flights) == 0
+	})
 }
 
 // A waiter that subscribed after a read of its job started does not join
@@ -278,4 +283,47 @@ func TestSubscriberWaitSharerGivesUp(t *testing.T) {
 		t.Fatalf("the waiter alone: %v", r.err)
 	}
 	waitFor(t, "the read ended", func() bool { return sharers(s, "j") == 0 })
+}
+
+// A waiter that comes to a read after it ended takes its result when the
+// read started late enough for it, as it would have joined it in flight:
+// the waiters woken by one notification make one read, however slowly
+// they get to it. A read that failed is not kept, and the result goes once
+// the job's last waiter left.
+func TestSharedReadsKeepsFinishedRead(t *testing.T) {
+	var r sharedReads
+	fail := false
+	read := func(context.Context) (*Job, time.Time, error) {
+		if fail {
+			return nil, time.Time{}, errors.New("connection reset")
+		}
+		return pendingJob(), time.Now(), nil
+	}
+	at := func(n uint64) func() uint64 { return func() uint64 { return n } }
+	ctx := context.Background()
+	first, _, _ := r.read(ctx, "j", 7, at(7), read)
+	late, _, err := r.read(ctx, "j", 7, at(7), read)
+	if err != nil || late == nil || late == first {
+		t.Fatalf("late waiter: %v %p (first %p): want its own copy", err, late, first)
+	}
+	if got := r.count.Load(); got != 1 {
+		t.Fatalf("%d reads, want 1: the late waiter read again", got)
+	}
+	r.read(ctx, "j", 8, at(8), read) // told of a later event: a read of its own
+	if got := r.count.Load(); got != 2 {
+		t.Fatalf("%d reads, want 2", got)
+	}
+	fail = true
+	r.read(ctx, "j", 9, at(9), read)
+	r.read(ctx, "j", 9, at(9), read)
+	if got := r.count.Load(); got != 4 {
+		t.Fatalf("%d reads, want 4: a failed read was kept", got)
+	}
+	fail = false
+	r.read(ctx, "j", 9, at(9), read)
+	r.drop("j")
+	r.read(ctx, "j", 9, at(9), read)
+	if got := r.count.Load(); got != 6 {
+		t.Fatalf("%d reads, want 6: the result outlived the waiters", got)
+	}
 }

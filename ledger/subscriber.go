@@ -159,7 +159,11 @@ func (s *Subscriber) Wait(ctx context.Context, jobID string, read func(context.C
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
+	defer func() {
+		if cancel(); !s.waiters.has(jobID) {
+			s.reads.drop(jobID)
+		}
+	}()
 	select {
 	case <-ready:
 	case <-ctx.Done():

@@ -68,6 +68,13 @@ func (w *Waiters) register(jobID string) (<-chan struct{}, uint64, func()) {
 	return ch, at, cancel
 }
 
+// has reports whether jobID has waiters.
+func (w *Waiters) has(jobID string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.waiters[jobID]) > 0
+}
+
 // Wake wakes the waiters of jobID.
 func (w *Waiters) Wake(jobID string) {
 	w.mu.Lock()
