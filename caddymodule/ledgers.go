@@ -84,6 +84,9 @@ type shared struct {
 	health
 }
 
+// Local reports whether the pooled ledger is local (ledger.Local).
+func (s *shared) Local() bool { return ledger.IsLocal(s.Ledger) }
+
 // newShared starts the sweeper of l, the ledger the pool holds under key.
 func newShared(key string, l ledger.Ledger, log *zap.Logger) *shared {
 	ctx, stop := context.WithCancel(context.Background())

@@ -190,6 +190,12 @@ type Response struct {
 	Stored bool
 }
 
+func init() {
+	// Ids are made twice for every request, replays included: draw their
+	// random bits from crypto/rand in batches rather than one read each.
+	uuid.EnableRandPool()
+}
+
 // NewID returns a new UUIDv7 string: ids sort by creation time.
 func NewID() string {
 	return uuid.Must(uuid.NewV7()).String()

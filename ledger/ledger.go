@@ -364,3 +364,18 @@ func EffectiveLimit(n int) int {
 	}
 	return n
 }
+
+// Local is implemented by a ledger whose calls run in the gateway's own
+// process, with no network in between (memory, file): such a call never
+// waits for a reply that may not come, and ignores its context, so the
+// gateway sends it once, with no deadline of its own (proxy.ledgerCall).
+// A ledger that wraps another (sealed, a pool's) is local when it is.
+type Local interface {
+	Local() bool
+}
+
+// IsLocal reports whether l is a Local ledger that says it is.
+func IsLocal(l Ledger) bool {
+	lo, ok := l.(Local)
+	return ok && lo.Local()
+}

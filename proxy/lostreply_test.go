@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/memory"
+	"github.com/onejob/onejob/ledger/sealed"
 )
 
 // errReplyLost is what a ledger client reports when a command ran but its
@@ -241,5 +243,53 @@ func TestHedgedLateResultBlocksTheJob(t *testing.T) {
 	wantProblem(t, h.do(post("k", `{}`)), http.StatusConflict, ProblemOutcomeUnknown)
 	if p.calls() != 1 || f.calls() != 1 {
 		t.Errorf("primary %d calls, fallback %d: the job was run again", p.calls(), f.calls())
+	}
+}
+
+// deadlineLedger records whether the context of each Reserve carried a
+// deadline; local says whether it is a local ledger (ledger.Local).
+type deadlineLedger struct {
+	ledger.Ledger
+	local bool
+
+	mu        sync.Mutex
+	deadlines []bool
+}
+
+func (l *deadlineLedger) Local() bool { return l.local }
+
+func (l *deadlineLedger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	_, ok := ctx.Deadline()
+	l.mu.Lock()
+	l.deadlines = append(l.deadlines, ok)
+	l.mu.Unlock()
+	return l.Ledger.Reserve(ctx, p)
+}
+
+// A call to a ledger across a network gets a deadline for each try; a call
+// to a local ledger runs once, with no timer of its own, sealed or not.
+func TestLedgerCallDeadlineOnlyAcrossANetwork(t *testing.T) {
+	for _, local := range []bool{false, true} {
+		l := &deadlineLedger{Ledger: memory.New(), local: local}
+		keys, err := sealed.NewKeyring(sealed.Key{ID: "k1", Secret: bytes.Repeat([]byte{7}, sealed.KeySize)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, stacked := range []ledger.Ledger{l, sealed.New(l, keys)} {
+			if got := ledger.IsLocal(stacked); got != local {
+				t.Fatalf("IsLocal(%T) = %v, want %v", stacked, got, local)
+			}
+			h := newHarness(t, Config{Ledger: stacked}, private("application/json"))
+			if rec := h.do(post(ledger.NewID(), `{}`)); rec.Code != http.StatusCreated {
+				t.Fatalf("status %d: %s", rec.Code, rec.Body)
+			}
+		}
+		l.mu.Lock()
+		for i, had := range l.deadlines {
+			if had == local {
+				t.Errorf("local %v: reserve %d had a deadline: %v", local, i, had)
+			}
+		}
+		l.mu.Unlock()
 	}
 }

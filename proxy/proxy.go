@@ -28,6 +28,7 @@ type Middleware struct {
 	lives         liveStreams
 	statusBase    string // the escaped "<StatusPath>/", derived once
 	deduplicating bool   // a provider deduplicates: unknown jobs may be re-sent
+	localLedger   bool   // the ledger runs in this process (ledger.Local)
 }
 
 // New returns a Middleware for cfg, with defaults filled in.
@@ -55,6 +56,7 @@ func New(cfg Config) (*Middleware, error) {
 		hasher:        NewHasher(cfg.OwnerSecret),
 		statusBase:    statusBase(cfg.StatusPath),
 		deduplicating: slices.ContainsFunc(cfg.Providers, func(p Provider) bool { return p.Deduplicates != "" }),
+		localLedger:   ledger.IsLocal(cfg.Ledger),
 	}, nil
 }
 

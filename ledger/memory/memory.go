@@ -451,6 +451,9 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 // Close implements ledger.Ledger.
 func (l *Ledger) Close() error { return nil }
 
+// Local reports that the ledger runs in the gateway's process (ledger.Local).
+func (l *Ledger) Local() bool { return true }
+
 // Len returns the number of jobs held, expired or not.
 func (l *Ledger) Len() int {
 	l.mu.Lock()

@@ -236,6 +236,9 @@ func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats
 // Close closes the wrapped ledger.
 func (l *Ledger) Close() error { return l.inner.Close() }
 
+// Local reports whether the ledger it seals is local (ledger.Local).
+func (l *Ledger) Local() bool { return ledger.IsLocal(l.inner) }
+
 // Interface guards
 var (
 	_ ledger.Ledger = (*Ledger)(nil)
