@@ -24,18 +24,18 @@ func (l *Ledger) Load(rec []byte) error {
 	if j.Expired(now) {
 		return nil
 	}
-	key := identity(j.OwnerHash, j.KeyHash)
-	if old := l.byKey[key]; old != nil {
+	key := appendIdentity(nil, j.OwnerHash, j.KeyHash)
+	if old := l.byKey[string(key)]; old != nil {
 		l.drop(old.id)
 	}
-	e := &entry{key: key, id: j.ID}
+	e := newEntry(key, j.ID)
 	var packed []byte // nil: held as itself
 	if settled(j) {
 		packed = rec
 	}
 	l.hold(e, j, packed)
-	l.byKey[key] = e
-	l.byID[j.ID] = e
+	l.byKey[e.key] = e
+	l.byID[e.id] = e
 	return nil
 }
 

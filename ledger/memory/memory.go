@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/fsm"
@@ -53,12 +54,14 @@ type Journal interface {
 // A transition that changes a settled job (a lookup marking a late attempt
 // lost, say) decodes it and stores it again.
 type entry struct {
-	key, id   string // the maps' keys
+	key, id   string // the maps' keys, in text when they fit (newEntry)
 	expiresAt int64  // Unix nanoseconds; 0: no expiry yet
 	job       *ledger.Job
 	packed    []byte        // the job's record when job is nil
 	changed   chan struct{} // made for the first waiter, closed on the next change
 	change    uint64        // the journal's number of the job's last change
+
+	text [112]byte // an owner and a key hash, a separator and a job id
 }
 
 // load returns the entry's job, decoded when it is settled: a caller that
@@ -164,13 +167,34 @@ func New(opts ...Option) *Ledger {
 	return l
 }
 
+// identity is the key of a job's (owner, key) in byKey.
 func identity(owner, key []byte) string {
-	var b strings.Builder
-	b.Grow(len(owner) + len(key) + 1)
-	b.Write(owner)
-	b.WriteByte(0)
-	b.Write(key)
-	return b.String()
+	return string(appendIdentity(nil, owner, key))
+}
+
+// appendIdentity appends the identity of (owner, key) to b: a lookup
+// converts it to a string in the map index, without allocating.
+func appendIdentity(b, owner, key []byte) []byte {
+	b = append(b, owner...)
+	b = append(b, 0)
+	return append(b, key...)
+}
+
+// newEntry returns the entry of job id with identity key. Both strings
+// live in the entry itself when they fit, as they do for the gateway's
+// hashes and ids: a settled job is then two objects (the entry and its
+// record) for the garbage collector to mark, however many jobs are held.
+func newEntry(key []byte, id string) *entry {
+	e := &entry{}
+	var both string
+	if n := len(key) + len(id); n > 0 && n <= len(e.text) {
+		copy(e.text[copy(e.text[:], key):], id)
+		both = unsafe.String(&e.text[0], n) // never written again
+	} else {
+		both = string(append(key[:len(key):len(key)], id...))
+	}
+	e.key, e.id = both[:len(key)], both[len(key):]
+	return e
 }
 
 // Reserve implements ledger.Ledger.
@@ -187,27 +211,28 @@ func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Rese
 
 func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, error) {
 	now := l.now()
-	id := identity(p.OwnerHash, p.KeyHash)
+	var buf [160]byte
+	key := appendIdentity(buf[:0], p.OwnerHash, p.KeyHash)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.byKey[id]
+	e := l.byKey[string(key)]
 	if e != nil && e.expired(now) {
 		l.remove(e)
 		e = nil
 	}
 	if e == nil {
 		j := fsm.NewJob(*p, now)
-		e = &entry{key: id, id: j.ID}
+		e = newEntry(key, j.ID)
 		l.store(e, j)
-		l.byKey[id] = e
-		l.byID[j.ID] = e
+		l.byKey[e.key] = e
+		l.byID[e.id] = e
 		a := j.Attempts[0]
 		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, e.change, nil
 	}
 	if e.job == nil {
 		// Settled: a replay, answered from the jobs replayed lately when
 		// it is one of them.
-		if j := l.replays.Get(id, now); j != nil {
+		if j := l.replays.Get(e.key, now); j != nil {
 			if r, ok := near.Answer(j, p, now); ok {
 				return r, e.change, nil
 			}
@@ -223,7 +248,7 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 		l.store(e, j)
 		e.notify()
 	case r.Outcome == ledger.Done && e.job == nil:
-		l.replays.Put(id, j, j.ExpiresAt)
+		l.replays.Put(e.key, j, j.ExpiresAt)
 	}
 	return r, e.change, nil
 }
