@@ -31,7 +31,7 @@ type config struct {
 	dir, work        string // this directory (scripts), a scratch directory
 	postgres, redis  string
 	redisCluster     string
-	profiles         string // where the profiles of the fresh series go; "" for none
+	profiles         string // where the profiles of the fresh and replay series go; "" for none
 	duration, warmup time.Duration
 	reps             int
 	connections      int
@@ -59,7 +59,7 @@ func main() {
 	flag.StringVar(&cfg.postgres, "postgres", os.Getenv("ONEJOB_TEST_POSTGRES"), "PostgreSQL URL")
 	flag.StringVar(&cfg.redis, "redis", os.Getenv("ONEJOB_TEST_REDIS"), "Redis URL")
 	flag.StringVar(&cfg.redisCluster, "redis-cluster", os.Getenv("ONEJOB_TEST_REDIS_CLUSTER"), "Redis Cluster URL (\"\": skip the cluster's series)")
-	flag.StringVar(&cfg.profiles, "profiles", "", "save CPU and allocation profiles of the gateway under each fresh series in this directory (\"\": none)")
+	flag.StringVar(&cfg.profiles, "profiles", "", "save CPU and allocation profiles of the gateway under each fresh and replay series in this directory (\"\": none)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each measured run")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "length of the unmeasured run before a series")
 	flag.IntVar(&cfg.reps, "reps", 5, "measured runs per series (the median is reported)")
@@ -200,7 +200,7 @@ type result struct {
 	// Mean ledger time per request, by operation, from the gateway's
 	// caddy_idempotency_ledger_seconds (fresh series).
 	reserve, complete time.Duration
-	profile           *profile   // fresh series with -profiles
+	profile           *profile   // fresh and replay series with -profiles
 	redis             *redisLoad // fresh series on Redis: the load on each master
 }
 
@@ -346,7 +346,7 @@ type measured struct {
 	samples []sample
 	peak    int64                    // the server's peak RSS over the measured runs
 	ops     map[string]time.Duration // mean ledger time per request, by operation
-	profile *profile                 // with -profiles, for fresh series
+	profile *profile                 // with -profiles, for fresh and replay series
 	redis   *redisLoad               // for fresh series on Redis
 }
 
@@ -361,7 +361,7 @@ func measure(cfg config, up *upstream, s series, run string) (measured, error) {
 }
 
 // measureOn warms srv up (which also creates the replayed keys), and
-// measures cfg.reps runs; for a fresh series, it then profiles one more
+// measures cfg.reps runs; for a fresh or replay series, it then profiles one more
 // run when cfg.profiles names a directory.
 func measureOn(cfg config, up *upstream, srv *server, s series, run string) (m measured, err error) {
 	prefix := func(rep int) string {
@@ -436,9 +436,9 @@ func measureOn(cfg config, up *upstream, srv *server, s series, run string) (m m
 		}
 	}
 	m.peak = srv.peakRSS()
-	if cfg.profiles != "" && s.mode == "fresh" && s.binary == cfg.gateway {
+	if cfg.profiles != "" && (s.mode == "fresh" || s.mode == "replay") && s.binary == cfg.gateway {
 		// A profile that cannot be taken leaves the measurements as they are.
-		if m.profile, err = profileSeries(cfg, srv, s.name, prefix(cfg.reps)); err != nil {
+		if m.profile, err = profileSeries(cfg, srv, s.name, s.mode, prefix(cfg.reps), keys); err != nil {
 			log.Printf("bench: %s: profiling: %v", s.name, err)
 		} else if requests > 0 {
 			n := float64(requests)

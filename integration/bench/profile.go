@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// profile is what one profiled run of a fresh series found: its rate, so a
+// profile is what one profiled run of a fresh or replay series found: its rate, so a
 // reader sees how much the profiler slowed it, and the top entries of the
 // gateway's CPU and allocation profiles.
 type profile struct {
@@ -35,7 +35,8 @@ func readRuntime(admin string) runtimeCounters {
 	}
 }
 
-// profileSeries drives one more run of a fresh series, after its measured
+// profileSeries drives one more run of a fresh or replay series (mode),
+// with keys keys named after prefix, after its measured
 // runs (the profiler costs CPU, so it never runs under a measured one),
 // and takes a CPU profile and an allocation profile of the gateway over
 // the same seconds from Caddy's admin endpoint (net/http/pprof): the CPU
@@ -44,7 +45,7 @@ func readRuntime(admin string) runtimeCounters {
 // (/debug/pprof/allocs?seconds=N). Both are saved in cfg.profiles as
 // <series>.cpu.pprof and <series>.allocs.pprof, and their top entries in
 // <series>.top.txt.
-func profileSeries(cfg config, srv *server, name, prefix string) (*profile, error) {
+func profileSeries(cfg config, srv *server, name, mode, prefix string, keys int) (*profile, error) {
 	secs := max(1, int(cfg.duration/time.Second))
 	p := &profile{
 		cpu: filepath.Join(cfg.profiles, name+".cpu.pprof"),
@@ -58,7 +59,7 @@ func profileSeries(cfg config, srv *server, name, prefix string) (*profile, erro
 	go func() {
 		// A second longer than the profiles, which start half a second
 		// in: they see the load at full speed only.
-		s, err := runWrk(cfg, srv.url, time.Duration(secs+1)*time.Second, "fresh", prefix, 64)
+		s, err := runWrk(cfg, srv.url, time.Duration(secs+1)*time.Second, mode, prefix, keys)
 		load <- ran{s, err}
 	}()
 	time.Sleep(500 * time.Millisecond)
@@ -151,7 +152,7 @@ func printProfiles(w io.Writer, dir string, results []result) {
 			continue
 		}
 		if !shown {
-			fmt.Fprintf(w, "\nProfiles of the gateway under each fresh series (one extra run after the measured ones), saved in %s\n", dir)
+			fmt.Fprintf(w, "\nProfiles of the gateway under each fresh and replay series (one extra run after the measured ones), saved in %s\n", dir)
 			shown = true
 		}
 		p := r.profile

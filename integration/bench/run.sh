@@ -6,7 +6,7 @@
 # with the servers durable (fsync; Redis's append-only file) and their
 # fresh series again without, the Redis series on one server and on a
 # Redis Cluster with the load on each master, and the top entries of the
-# gateway's CPU and allocation profiles under each fresh series (the
+# gateway's CPU and allocation profiles under each fresh and replay series (the
 # profiles are saved in integration/bench/out/, which git ignores); the
 # sweep, rows of the same table: the file ledger and PostgreSQL with 10k,
 # 100k and 1M jobs stored beforehand (about 10 minutes: 5 of measured
