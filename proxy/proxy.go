@@ -288,7 +288,8 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handler, res ledger.Reservation, body []byte) error {
 	base := r.WithContext(context.WithoutCancel(r.Context()))
 	rn := newRunner(m, base, next, body, w, *res.Attempt)
-	go rn.run(*res.Attempt, m.policy.Index(res.Attempt.Provider), m.cfg.Hold())
+	first, provider, release := *res.Attempt, m.policy.Index(res.Attempt.Provider), m.cfg.Hold()
+	runners.run(func() { rn.run(first, provider, release) })
 
 	timer := time.NewTimer(m.cfg.AttemptTimeout)
 	defer timer.Stop()
