@@ -23,6 +23,21 @@ CREATE FUNCTION {{fn}}.notify_job(p_job uuid) RETURNS void LANGUAGE sql AS $$
 	SELECT pg_notify({{channel}}, p_job::text);
 $$;
 
+-- announce tells the listeners that job p_job changed, in a transaction of
+-- its own that does not wait for its commit to reach the disk. A NOTIFY
+-- commits under a lock on the notification queue held until its commit is
+-- flushed, so a transition that notified inside its own durable transaction
+-- made every other notifying commit wait for that flush: completions
+-- committed one at a time (complete took 24 ms, reserve 4 ms, at 1,000
+-- fresh requests a second). complete leaves the notification to this call,
+-- which the gateway makes once complete returns; a notification is never
+-- durable anyway (a listener that reconnects reads its jobs again).
+CREATE FUNCTION {{fn}}.announce(p_job uuid) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM set_config('synchronous_commit', 'off', true);
+	PERFORM {{fn}}.notify_job(p_job);
+END $$;
+
 -- lock_job locks a job that exists and has not expired; NULL otherwise.
 CREATE FUNCTION {{fn}}.lock_job(p_job uuid, p_now timestamptz) RETURNS jobs
 LANGUAGE sql AS $$
@@ -231,6 +246,7 @@ END $$;
 -- A loser is recorded as lost and its result dropped (a cancelled attempt
 -- stays cancelled, a lost one keeps its reason); a repeat by the winner
 -- reports that it won.
+-- The winner's waiters are told by announce, after the commit.
 CREATE FUNCTION {{fn}}.complete(
 	p_job uuid, p_attempt uuid, p_version bigint,
 	p_status integer, p_header bytea, p_body bytea, p_size bigint, p_stored boolean,
@@ -256,8 +272,7 @@ BEGIN
 		-- The job is completed: its lease no longer matters (reads apply
 		-- the attempts' own deadlines), so no refresh_lease here.
 		UPDATE attempts t SET state = 'succeeded', finished_at = ts WHERE t.id = p_attempt;
-		PERFORM {{fn}}.notify_job(p_job);
-		outcome := 'won';
+		outcome := 'won'; -- its waiters are told by announce
 	ELSE
 		SELECT * INTO j FROM {{fn}}.lock_job(p_job, ts);
 		IF j.id IS NULL OR NOT EXISTS (SELECT 1 FROM attempts x WHERE x.id = p_attempt AND x.job_id = p_job) THEN

@@ -15,6 +15,7 @@ var released = map[int]string{
 	3: "38194d1bcedd3e8b5e51ec31899d6eaf7ac0bd78b8de7c31ab02f89a3d0b42c7",
 	4: "e9018e160f6dc7c6a4b540ca538789388f124d263b3121fc34fc35200c57aa91",
 	5: "f30f86b5ab51d07a6c8c2a06c62e9da1f37b64e39f4a6d1df8a0e9568e9e6ee9",
+	6: "4374db376de6e4c210d96d351e9240e91c7b48953b0c979d1a102b79cfeb4870",
 }
 
 func TestFunctionsVersion(t *testing.T) {
@@ -45,12 +46,12 @@ func TestFunctionsSQL(t *testing.T) {
 		t.Fatal("no functions found")
 	}
 	for _, c := range created {
-		if c[1] != `"onejob_fn5"` {
+		if c[1] != `"onejob_fn6"` {
 			t.Errorf("function %s is created in %s, not in the functions' schema", c[2], c[1])
 		}
 		calls := regexp.MustCompile(`([\w".]*)\b`+c[2]+`\(`).FindAllStringSubmatch(sql, -1)
 		for _, call := range calls {
-			if call[1] != `"onejob_fn5".` {
+			if call[1] != `"onejob_fn6".` {
 				t.Errorf("%s is called as %q: name the functions' schema", c[2], call[0])
 			}
 		}
@@ -58,12 +59,38 @@ func TestFunctionsSQL(t *testing.T) {
 }
 
 func TestSchemaNameLength(t *testing.T) {
-	long := strings.Repeat("s", maxIdentifier-len("_fn5")+1)
+	long := strings.Repeat("s", maxIdentifier-len("_fn6")+1)
 	_, err := Open(context.Background(), "postgres://127.0.0.1:1/none", Options{Schema: long})
 	if err == nil || !strings.Contains(err.Error(), "too long") {
 		t.Errorf("Open with a %d-byte schema: err = %v, want too long", len(long), err)
 	}
 	if fn := functionsSchema(long[1:]); len(fn) != maxIdentifier {
 		t.Errorf("functions schema %q is %d bytes", fn, len(fn))
+	}
+}
+
+// TestCompleteLeavesNotifyingToAnnounce: complete, the transition of every
+// request, does not notify inside its transaction, where the notification
+// queue's lock would be held until its commit is flushed and completions
+// would commit one at a time; announce notifies, without waiting for the
+// flush.
+func TestCompleteLeavesNotifyingToAnnounce(t *testing.T) {
+	sql := functionsSQL("onejob")
+	body := func(name string) string {
+		start := strings.Index(sql, `CREATE FUNCTION "onejob_fn6".`+name+`(`)
+		if start < 0 {
+			t.Fatalf("no function %s", name)
+		}
+		end := strings.Index(sql[start:], "END $$;")
+		if end < 0 {
+			t.Fatalf("function %s has no end", name)
+		}
+		return sql[start : start+end]
+	}
+	if c := body("complete"); strings.Contains(c, "notify_job(") {
+		t.Error("complete notifies inside its own transaction")
+	}
+	if a := body("announce"); !strings.Contains(a, "set_config('synchronous_commit', 'off', true)") || !strings.Contains(a, "notify_job(") {
+		t.Error("announce does not notify in a transaction of its own that skips the flush")
 	}
 }

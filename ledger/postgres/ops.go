@@ -279,6 +279,13 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 	if outcome != "won" && outcome != "lost" {
 		return ledger.Completion{}, errUnexpected("complete", outcome)
 	}
+	if outcome == "won" {
+		// The result is durable: wake the job's waiters, in a transaction
+		// of announce's own (functions.sql). If that fails the result
+		// stands, and a waiter sees it at its next read: at the attempt's
+		// deadline, or once its listener reconnects.
+		_, _ = l.pool.Exec(ctx, `SELECT announce($1)`, ref.JobID)
+	}
 	j := &ledger.Job{
 		ID:          ref.JobID,
 		State:       ledger.JobState(state.String),

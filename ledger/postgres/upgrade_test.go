@@ -52,7 +52,7 @@ func TestFunctionsBesideOldOnes(t *testing.T) {
 	if err := db.QueryRow(ctx, "SELECT schema_name, checksum FROM schema_functions WHERE version = $1", functionsVersion).Scan(&fn, &sum); err != nil {
 		t.Fatal(err)
 	}
-	if fn != l.FunctionsSchema() || fn != schema+"_fn5" || sum != functionsChecksum {
+	if fn != l.FunctionsSchema() || fn != schema+"_fn6" || sum != functionsChecksum {
 		t.Errorf("schema_functions records %s %s", fn, sum)
 	}
 	count := func(ns, name string) int {
@@ -70,7 +70,7 @@ func TestFunctionsBesideOldOnes(t *testing.T) {
 	// Functions this release added, or that replaced the previous
 	// release's (start_attempt does hedge's work and re-sends): in the
 	// functions' schema alone; the previous release's stay for its gateways.
-	for _, name := range []string{"unsent", "start_attempt", "after_failure", "claim_lookup", "settle_lookup"} {
+	for _, name := range []string{"unsent", "start_attempt", "after_failure", "claim_lookup", "settle_lookup", "announce"} {
 		if count(fn, name) != 1 || count(schema, name) != 0 {
 			t.Errorf("%s is not in the functions' schema alone", name)
 		}
