@@ -242,8 +242,8 @@ func TestReplayRoundTrips(t *testing.T) {
 		t.Errorf("fresh reserve took %d queries, want 1", n)
 	}
 	mustComplete(t, l, r, "replayed")
-	if n := tr.take(); n != 1 {
-		t.Errorf("complete took %d queries, want 1 (the identity is remembered)", n)
+	if n := tr.take(); n != 2 {
+		t.Errorf("complete took %d queries, want 2, complete and announce (the identity is remembered)", n)
 	}
 	if n := hook.take(); n != 2 {
 		t.Errorf("reserve and complete took %d Redis round trips, want 2 (GET and PTTL; SET and PUBLISH)", n)
