@@ -43,12 +43,11 @@ type sharedReads struct {
 
 // flight is one read of a job in flight.
 type flight struct {
-	stamp    uint64    // the number of the last event before it started
-	sharers  int       // waiters waiting for it; under sharedReads.mu
-	finished bool      // it ended with the job; under sharedReads.mu
-	ended    time.Time // when it finished
-	cancel   context.CancelFunc
-	done     chan struct{} // closed when the read returned
+	stamp   uint64    // the number of the last event before it started
+	sharers int       // waiters waiting for it; under sharedReads.mu
+	ended   time.Time // when it returned the job (zero: not yet, or an error); under sharedReads.mu
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when the read returned
 
 	job *Job // set before done is closed, read-only after
 	now time.Time
@@ -62,7 +61,7 @@ func (r *sharedReads) read(ctx context.Context, jobID string, need uint64, stamp
 	read func(context.Context) (*Job, time.Time, error)) (*Job, time.Time, error) {
 	r.mu.Lock()
 	f := r.flights[jobID]
-	if f != nil && f.finished && f.stamp >= need {
+	if f != nil && f.finished() && f.stamp >= need {
 		r.mu.Unlock()
 		// The ledger's clock, moved on by the time since the read
 		// ended: the waiter's lease deadlines are timed from it.
@@ -89,7 +88,7 @@ func (r *sharedReads) read(ctx context.Context, jobID string, need uint64, stamp
 	case <-ctx.Done():
 		r.mu.Lock()
 		f.sharers--
-		if f.sharers == 0 && !f.finished {
+		if f.sharers == 0 && !f.finished() {
 			// Nobody waits for it: cancel it, and let nobody join it.
 			f.cancel()
 			r.forget(jobID, f)
@@ -105,7 +104,7 @@ func (r *sharedReads) run(ctx context.Context, jobID string, f *flight, read fun
 	f.cancel()
 	r.mu.Lock()
 	if f.err == nil {
-		f.finished, f.ended, f.sharers = true, time.Now(), 0
+		f.ended, f.sharers = time.Now(), 0
 	} else {
 		r.forget(jobID, f)
 	}
@@ -126,7 +125,11 @@ func (r *sharedReads) forget(jobID string, f *flight) {
 func (r *sharedReads) drop(jobID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if f := r.flights[jobID]; f != nil && f.finished {
+	if f := r.flights[jobID]; f != nil && f.finished() {
 		delete(r.flights, jobID)
 	}
 }
+
+// finished reports whether the read returned the job, to be kept for the
+// waiters that come late; r.mu is held.
+func (f *flight) finished() bool { return !f.ended.IsZero() }
