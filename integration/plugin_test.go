@@ -56,10 +56,13 @@ func TestListModules(t *testing.T) {
 
 // TestXcaddyBuild: `xcaddy build v2.11.9 --with github.com/onejob/onejob=.`
 // builds a Caddy with onejob as every Caddy plugin is built (the root
-// package registers the modules), from the module cache with the network
-// shut off for the build itself (GOPROXY=off), and that Caddy lists the
-// same modules as ./xcaddy.sh's. xcaddy itself is installed from the
-// module proxy into a temporary GOBIN.
+// package registers the modules), and that Caddy lists the same modules
+// as ./xcaddy.sh's. xcaddy and whatever its build module needs beyond
+// this module's go.sum come from the module proxy, as they do for anyone
+// who builds the plugin: an offline build (GOPROXY=off) depends on what
+// the module cache happens to hold (Caddy's standard modules import
+// packages this module never builds, and go resolves their imports by
+// lookup), and failed on a clean machine for that alone.
 func TestXcaddyBuild(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -77,23 +80,10 @@ func TestXcaddyBuild(t *testing.T) {
 		}
 	}
 	run([]string{"GOBIN=" + gobin}, "go", "install", "github.com/caddyserver/xcaddy/cmd/xcaddy@"+xcaddyVersion)
-	// Every module the plugin needs is one of this module's: put them
-	// all in the module cache (a no-op when the harness's build did).
-	run(nil, "go", "mod", "download")
-
 	// xcaddy's temporary module pins Caddy and takes onejob from this
-	// checkout; with the proxy off, go resolves both, and everything they
-	// require, from the module cache alone. -mod=mod lets go write that
-	// module's go.sum from the cache, whose checksums the cache verified
-	// when it downloaded them, so the checksum database is not asked.
+	// checkout; the toolchain stays this one.
 	out := filepath.Join(tmp, "caddy")
-	offline := []string{
-		"GOPROXY=off",
-		"GOSUMDB=off",
-		"GOTOOLCHAIN=local",
-		"GOFLAGS=" + strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=mod"),
-	}
-	run(offline, filepath.Join(gobin, "xcaddy"), "build", "v2.11.9", "--with", "github.com/onejob/onejob=.", "--output", out)
+	run([]string{"GOTOOLCHAIN=local"}, filepath.Join(gobin, "xcaddy"), "build", "v2.11.9", "--with", "github.com/onejob/onejob@v0.0.0=.", "--output", out)
 
 	if got, want := onejobModules(t, out), onejobModules(t, binary); !slices.Equal(got, pluginModules) || !slices.Equal(got, want) {
 		t.Errorf("the xcaddy build lists %v; ./cmd/caddy lists %v; want %v", got, want, pluginModules)
