@@ -53,6 +53,7 @@ func run(t *testing.T, h Harness) {
 		{"ResultAfterCancelLoses", testResultAfterCancel},
 		{"StaleVersionLoses", testStaleVersion},
 		{"ConcurrentReopenStartsOne", testConcurrentReopen},
+		{"RepeatedReopenAtOnceAgrees", testRepeatedReopenAtOnce},
 		{"FailoverStartsNextAttempt", testFailover},
 		{"ExpiredLeaseReadsUnknown", testExpiredLease},
 		{"ResultAfterDeadlineLoses", testResultAfterDeadline},
@@ -523,6 +524,47 @@ func testStaleVersion(t *testing.T, h Harness) {
 	j := job(t, l, r.Job.ID)
 	if j.CompletedBy != "" || j.Response != nil {
 		t.Errorf("stale result stored: %+v", j.Response)
+	}
+}
+
+// testRepeatedReopenAtOnce sends a re-open twice at once, from two
+// gateways, as a client's retry can race the gateway's own repeat: both
+// answers name the same attempt and the job as that attempt left it (its
+// version), round after round, so the race between reading the job and
+// finding the attempt has chances to show.
+func testRepeatedReopenAtOnce(t *testing.T, h Harness) {
+	l := h.New(t)
+	peer := h.Peer(t, l)
+	for round := range 30 {
+		p := params(long)
+		r := reserve(t, l, p, ledger.Created)
+		if _, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", nil); err != nil {
+			t.Fatal(err)
+		}
+		q := fresh(p)
+		var (
+			wg      sync.WaitGroup
+			answers [2]ledger.Reservation
+			errs    [2]error
+		)
+		for i, lg := range []ledger.Ledger{l, peer} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				answers[i], errs[i] = lg.Reserve(ctx(t), q)
+			}()
+		}
+		wg.Wait()
+		j := job(t, l, r.Job.ID)
+		for i, a := range answers {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
+			if a.Outcome != ledger.Reopened || a.Attempt == nil || a.Attempt.ID != q.Attempt.ID || a.Job.Version != j.Version || a.Job.State != ledger.JobPending {
+				t.Fatalf("round %d, answer %d: %v attempt %s, job %s version %d; want reopened by %s, job pending version %d",
+					round, i, a.Outcome, attemptSummary(a.Attempt), a.Job.State, a.Job.Version, q.Attempt.ID, j.Version)
+			}
+		}
 	}
 }
 

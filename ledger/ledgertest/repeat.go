@@ -97,6 +97,9 @@ func (r *repeated) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.
 			if a.Outcome != ledger.Created && a.Outcome != ledger.Reopened {
 				return "" // a read: the blocking attempt may have moved on
 			}
+			if a.Job.Version != b.Job.Version {
+				return fmt.Sprintf("job version %d / %d", a.Job.Version, b.Job.Version)
+			}
 			return diff("attempt", attemptSummary(a.Attempt), attemptSummary(b.Attempt))
 		})
 }

@@ -30,7 +30,7 @@ import (
 // integration/bench/ledger.pgbench.
 
 // functionsVersion is the version of functions.sql.
-const functionsVersion = 6
+const functionsVersion = 7
 
 // maxIdentifier is the length of PostgreSQL's longest identifier, in bytes
 // (NAMEDATALEN - 1).

@@ -137,6 +137,10 @@ BEGIN
 			END IF;
 			SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = j.id;
 			IF FOUND THEN
+				-- A repeat of this call running at once may have re-opened the
+				-- job between the two reads: read the job again, after its
+				-- attempt, so the answer is never a failed job re-opened.
+				SELECT * INTO j FROM jobs t WHERE t.id = j.id;
 				outcome := CASE WHEN a.number = 1 THEN 'created' ELSE 'reopened' END;
 				EXIT;
 			END IF;

@@ -16,7 +16,12 @@ var released = map[int]string{
 	4: "e9018e160f6dc7c6a4b540ca538789388f124d263b3121fc34fc35200c57aa91",
 	5: "f30f86b5ab51d07a6c8c2a06c62e9da1f37b64e39f4a6d1df8a0e9568e9e6ee9",
 	6: "4374db376de6e4c210d96d351e9240e91c7b48953b0c979d1a102b79cfeb4870",
+	7: "b77f52ea81f293948f69578fc478fa414637ac1c8be74b515bd31451c0c13d18",
 }
+
+// quotedFn is the functions' schema of schema onejob as functions.sql
+// names it.
+var quotedFn = `"` + functionsSchema("onejob") + `"`
 
 func TestFunctionsVersion(t *testing.T) {
 	sum, ok := released[functionsVersion]
@@ -46,12 +51,12 @@ func TestFunctionsSQL(t *testing.T) {
 		t.Fatal("no functions found")
 	}
 	for _, c := range created {
-		if c[1] != `"onejob_fn6"` {
+		if c[1] != quotedFn {
 			t.Errorf("function %s is created in %s, not in the functions' schema", c[2], c[1])
 		}
 		calls := regexp.MustCompile(`([\w".]*)\b`+c[2]+`\(`).FindAllStringSubmatch(sql, -1)
 		for _, call := range calls {
-			if call[1] != `"onejob_fn6".` {
+			if call[1] != quotedFn+"." {
 				t.Errorf("%s is called as %q: name the functions' schema", c[2], call[0])
 			}
 		}
@@ -59,7 +64,7 @@ func TestFunctionsSQL(t *testing.T) {
 }
 
 func TestSchemaNameLength(t *testing.T) {
-	long := strings.Repeat("s", maxIdentifier-len("_fn6")+1)
+	long := strings.Repeat("s", maxIdentifier-len(functionsSchema(""))+1)
 	_, err := Open(context.Background(), "postgres://127.0.0.1:1/none", Options{Schema: long})
 	if err == nil || !strings.Contains(err.Error(), "too long") {
 		t.Errorf("Open with a %d-byte schema: err = %v, want too long", len(long), err)
@@ -77,7 +82,7 @@ func TestSchemaNameLength(t *testing.T) {
 func TestCompleteLeavesNotifyingToAnnounce(t *testing.T) {
 	sql := functionsSQL("onejob")
 	body := func(name string) string {
-		start := strings.Index(sql, `CREATE FUNCTION "onejob_fn6".`+name+`(`)
+		start := strings.Index(sql, "CREATE FUNCTION "+quotedFn+"."+name+"(")
 		if start < 0 {
 			t.Fatalf("no function %s", name)
 		}

@@ -4,6 +4,7 @@ package postgres
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,7 +53,7 @@ func TestFunctionsBesideOldOnes(t *testing.T) {
 	if err := db.QueryRow(ctx, "SELECT schema_name, checksum FROM schema_functions WHERE version = $1", functionsVersion).Scan(&fn, &sum); err != nil {
 		t.Fatal(err)
 	}
-	if fn != l.FunctionsSchema() || fn != schema+"_fn6" || sum != functionsChecksum {
+	if fn != l.FunctionsSchema() || fn != schema+"_fn"+strconv.Itoa(functionsVersion) || sum != functionsChecksum {
 		t.Errorf("schema_functions records %s %s", fn, sum)
 	}
 	count := func(ns, name string) int {
