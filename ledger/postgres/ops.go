@@ -268,8 +268,8 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 		cols                   responseCols
 	)
 	dest := append([]any{&outcome, &state, &version, &completedBy, &completedAt, &expiresAt}, cols.dest()...)
-	err = l.pool.QueryRow(ctx, `SELECT * FROM complete($1, $2, $3, $4, $5, $6, $7, $8)`,
-		ref.JobID, ref.AttemptID, ref.Version, resp.Status, header, body, resp.Size, resp.Stored).Scan(dest...)
+	err = l.completeAnnouncing(ctx, ref.JobID,
+		[]any{ref.JobID, ref.AttemptID, ref.Version, resp.Status, header, body, resp.Size, resp.Stored}, dest)
 	if err != nil {
 		return ledger.Completion{}, fmt.Errorf("postgres ledger: complete: %w", err)
 	}
@@ -278,13 +278,6 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 	}
 	if outcome != "won" && outcome != "lost" {
 		return ledger.Completion{}, errUnexpected("complete", outcome)
-	}
-	if outcome == "won" {
-		// The result is durable: wake the job's waiters, in a transaction
-		// of announce's own (functions.sql). If that fails the result
-		// stands, and a waiter sees it at its next read: at the attempt's
-		// deadline, or once its listener reconnects.
-		_, _ = l.pool.Exec(ctx, `SELECT announce($1)`, ref.JobID)
 	}
 	j := &ledger.Job{
 		ID:          ref.JobID,

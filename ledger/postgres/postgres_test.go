@@ -118,6 +118,15 @@ func TestRoundTrips(t *testing.T) {
 	}
 	defer l.Close()
 	ctx := context.Background()
+	// A listener of the ledger's channel, to see complete's announcement.
+	listener, err := pgx.Connect(ctx, dsn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
 	p := ledger.ReserveParams{
 		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
 		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
@@ -133,8 +142,13 @@ func TestRoundTrips(t *testing.T) {
 	if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("x"), Size: 1, Stored: true}); err != nil {
 		t.Fatal(err)
 	}
-	if n := tr.take(); n != 2 {
-		t.Errorf("complete took %d queries, want 2: complete, then announce (functions.sql)", n)
+	if n := tr.take(); n != 1 {
+		t.Errorf("complete took %d round trips, want 1: complete, then announce, in one pipeline", n)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if n, err := listener.WaitForNotification(wctx); err != nil || n.Payload != r.Job.ID {
+		t.Errorf("after complete: notification %+v, %v; want job %s announced", n, err, r.Job.ID)
 	}
 	p = p.WithNewIDs() // another request for the key
 	if r, err := l.Reserve(ctx, p); err != nil || r.Outcome != ledger.Done {
