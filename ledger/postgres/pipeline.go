@@ -66,12 +66,30 @@ func (l *Ledger) completeAnnouncing(ctx context.Context, jobID string, args, des
 		return err
 	}
 	err = scanOne(conn, p, dest)
-	// Close reads what is left: complete's Sync, then announce's result
-	// and its Sync. Once complete's row is read its transaction committed,
-	// so what goes wrong after it, announce included, is not its error (a
-	// connection that broke is closed, and the pool drops it).
+	if err == nil {
+		// complete's row comes before its commit: the transaction
+		// commits at the Sync, and only the answer to the Sync says the
+		// commit is durable (or why it failed).
+		err = synced(p)
+	}
+	// Close reads what is left: announce's result and its Sync (or, after
+	// an error, all of it). What goes wrong in announce is not
+	// complete's error, and a connection that broke is closed, which the
+	// pool sees.
 	_ = p.Close()
 	return err
+}
+
+// synced reads the pipeline's next result, which must be a Sync's.
+func synced(p *pgconn.Pipeline) error {
+	res, err := p.GetResults()
+	if err != nil {
+		return err
+	}
+	if _, ok := res.(*pgconn.PipelineSync); !ok {
+		return fmt.Errorf("pipeline: a %T where a Sync's answer was expected", res)
+	}
+	return nil
 }
 
 // scanOne reads the pipeline's next result, a statement's single row,

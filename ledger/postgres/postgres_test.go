@@ -172,6 +172,47 @@ func TestRoundTrips(t *testing.T) {
 	}
 }
 
+// TestCompleteReportsItsCommit: a completion is reported once its
+// transaction committed, not when complete's row arrives (in a pipeline
+// the row comes before the commit). A deferred constraint trigger, checked
+// at commit, refuses one response status: Complete says so, the job stays
+// pending, and a completion that commits wins.
+func TestCompleteReportsItsCommit(t *testing.T) {
+	schema := newSchema(t)
+	l := open(t, schema)
+	ctx := context.Background()
+	if _, err := l.pool.Exec(ctx, `
+		CREATE FUNCTION `+schema+`.refuse_599() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.response_status = 599 THEN
+				RAISE EXCEPTION 'refused at commit';
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER refuse_599 AFTER UPDATE ON `+schema+`.jobs
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+schema+`.refuse_599()`); err != nil {
+		t.Fatal(err)
+	}
+	p := ledger.ReserveParams{
+		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
+	}.WithNewIDs()
+	r, err := l.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 599, Body: []byte("x"), Size: 1, Stored: true}); err == nil {
+		t.Fatalf("a completion whose commit failed: %+v, no error", c)
+	}
+	if j, err := l.Job(ctx, r.Job.ID); err != nil || j.State != ledger.JobPending || j.CompletedBy != "" {
+		t.Fatalf("after the failed commit: %+v, %v; want the job pending", j, err)
+	}
+	c, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("x"), Size: 1, Stored: true})
+	if err != nil || !c.Won {
+		t.Fatalf("a completion that commits: %+v, %v", c, err)
+	}
+}
+
 // TestMigrationsConcurrent opens several ledgers on a new schema at once:
 // the advisory lock makes each migration run once.
 func TestMigrationsConcurrent(t *testing.T) {
