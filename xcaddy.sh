@@ -7,7 +7,7 @@
 # Nothing to install but Go: ./cmd/caddy imports the plugin (the root
 # package) as xcaddy would. With xcaddy, the usual plugin build is
 #
-#   xcaddy build v2.11.9 --with github.com/onejob/onejob=.
+#   xcaddy build v2.11.9 --with github.com/onejob/onejob@v0.0.0=.
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then

@@ -54,7 +54,7 @@ func TestListModules(t *testing.T) {
 	}
 }
 
-// TestXcaddyBuild: `xcaddy build v2.11.9 --with github.com/onejob/onejob=.`
+// TestXcaddyBuild: `xcaddy build v2.11.9 --with github.com/onejob/onejob@v0.0.0=.`
 // builds a Caddy with onejob as every Caddy plugin is built (the root
 // package registers the modules), and that Caddy lists the same modules
 // as ./xcaddy.sh's. xcaddy and whatever its build module needs beyond
@@ -81,7 +81,9 @@ func TestXcaddyBuild(t *testing.T) {
 	}
 	run([]string{"GOBIN=" + gobin}, "go", "install", "github.com/caddyserver/xcaddy/cmd/xcaddy@"+xcaddyVersion)
 	// xcaddy's temporary module pins Caddy and takes onejob from this
-	// checkout; the toolchain stays this one.
+	// checkout; the version it names spares go a lookup of onejob, which
+	// a module proxy that does not know it may refuse (403, not 404). The
+	// toolchain stays this one.
 	out := filepath.Join(tmp, "caddy")
 	run([]string{"GOTOOLCHAIN=local"}, filepath.Join(gobin, "xcaddy"), "build", "v2.11.9", "--with", "github.com/onejob/onejob@v0.0.0=.", "--output", out)
 
