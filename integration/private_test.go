@@ -120,7 +120,7 @@ func operatorView(t *testing.T, g *gateway, b backend, id string) []byte {
 		}
 		view = []byte(row)
 		if strings.Contains(b.line, "cache redis") {
-			scanRedis(t, b.schema+":cache:", add)
+			scanCache(t, b.schema+":cache:", 1, add)
 		}
 	case strings.HasPrefix(b.line, "ledger redis"):
 		fields := strings.Fields(b.line)

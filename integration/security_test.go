@@ -172,7 +172,7 @@ func TestLedgerHoldsNoSecrets(t *testing.T) {
 		case b.schema != "":
 			scanPostgres(t, b.schema, check)
 			if strings.Contains(b.line, "cache redis") {
-				scanRedis(t, b.schema+":cache:", check)
+				scanCache(t, b.schema+":cache:", 2, check) // the two completed keys
 			}
 		case strings.HasPrefix(b.line, "ledger redis"):
 			fields := strings.Fields(b.line)
@@ -245,6 +245,18 @@ func scanPostgres(t *testing.T, schema string, check func(where string, data []b
 func scanRedis(t *testing.T, prefix string, check func(where string, data []byte)) {
 	t.Helper()
 	scanRedisAt(t, redisURL(t), redisGlob(prefix)+"*", check)
+}
+
+// scanCache is scanRedis over a replay cache's keys once it holds at least
+// want replies: the cache is written after the answer, in the background.
+func scanCache(t *testing.T, prefix string, want int, check func(where string, data []byte)) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("the cache holds %d replies", want), func() bool {
+		n := 0
+		scanRedis(t, prefix, func(string, []byte) { n++ })
+		return n >= want
+	})
+	scanRedis(t, prefix, check)
 }
 
 // scanRedisAt hands every key that matches pattern on the Redis server at

@@ -46,7 +46,18 @@
 // # Wake-ups
 //
 // Complete, SaveBody, Fail, MarkUnknown and Resolve publish the job's id
-// after the truth has recorded the change. Wait subscribes (one
+// after the truth has recorded the change.
+//
+// # Writes
+//
+// Replies and publications go to Redis in the background, in the order
+// they were made, as many as are waiting in one pipeline (writer.go): a
+// call returns once the truth answered, without waiting for Redis, and
+// under load one round trip carries the writes of many calls. A reply's
+// time to live loses the time its write waited. Until it is sent, a
+// replay in another process is answered by the truth, and a waiter there
+// is woken by the truth's own notification; Forget (and so Purge) sends
+// what is queued before it drops the owner's replies. Wait subscribes (one
 // subscription per Ledger, shared by its waiters) before it runs the
 // truth's own Wait, and reads the truth's Job whenever the id is
 // published: it returns only states read from the truth, and without Redis
@@ -139,6 +150,7 @@ type Ledger struct {
 	bus     *bus
 	memo    *memo
 	near    *near.Cache
+	writer  *writer
 
 	closeTruth, closeClient bool
 	closeOnce               sync.Once
@@ -146,7 +158,7 @@ type Ledger struct {
 }
 
 // New returns a Ledger that answers from truth and caches in rdb. It
-// starts nothing until the first Wait.
+// starts nothing until the first Wait or write.
 func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
@@ -175,7 +187,7 @@ func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 		logger.Warn("redis cache: the client ignores context deadlines, so a slow Redis delays calls by up to its read timeout; set ContextTimeoutEnabled",
 			zap.Duration("read_timeout", rdb.Options().ReadTimeout))
 	}
-	return &Ledger{
+	l := &Ledger{
 		truth:       truth,
 		rdb:         rdb,
 		prefix:      opts.Prefix,
@@ -191,6 +203,8 @@ func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 		closeTruth:  opts.CloseTruth,
 		closeClient: opts.CloseClient,
 	}
+	l.writer = newWriter(rdb, l.Channel(), opts.Timeout, func() time.Time { return l.now() }, log)
+	return l
 }
 
 // NewClient returns a client for the Redis at url (redis://, rediss:// or
@@ -241,7 +255,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 			// fingerprint matched.
 			j := *r.Job
 			p.Identify(&j)
-			l.write(ctx, update{set: &j, left: j.ExpiresAt.Sub(r.Now)})
+			l.write(update{set: &j, left: j.ExpiresAt.Sub(r.Now)})
 		}
 	case ledger.Created, ledger.Reopened:
 		if r.Attempt != nil {
@@ -294,7 +308,7 @@ func (l *Ledger) trusted(j *ledger.Job, p *ledger.ReserveParams) bool {
 		j.ID != "" && j.CompletedBy != "" && near.Replayable(j)
 }
 
-// update is one best-effort write to Redis, sent in one round trip.
+// update is one best-effort write to Redis.
 type update struct {
 	set     *ledger.Job   // cache this job's reply (if near.Replayable)
 	left    time.Duration // the time set has left by the truth's clock
@@ -302,33 +316,25 @@ type update struct {
 	publish string        // publish this job id
 }
 
-// write applies u; Redis errors are logged, never returned. It is not
-// cut short by the caller's cancellation: the truth has already changed.
-func (l *Ledger) write(ctx context.Context, u update) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
-	defer cancel()
-	pipe := l.rdb.Pipeline()
+// write applies u: at once to the tier in this process, in the background
+// to Redis (writer), whose errors are logged, never returned.
+func (l *Ledger) write(u update) {
+	o := op{publish: u.publish, queued: l.now()}
 	if j := u.set; j != nil && near.Replayable(j) && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
 		if ttl := u.left - l.margin; ttl >= time.Millisecond && len(j.Response.Body) <= l.maxSize {
 			if v := encode(j, l.mac); len(v) <= l.maxSize {
-				key := l.replyKey(j.OwnerHash, j.KeyHash)
-				pipe.Set(ctx, key, v, ttl)
-				l.near.Put(key, j, l.now().Add(ttl))
+				o.key, o.value, o.ttl = l.replyKey(j.OwnerHash, j.KeyHash), v, ttl
+				l.near.Put(o.key, j, o.queued.Add(ttl))
 			}
 		}
 	}
 	if j := u.del; j != nil && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
-		pipe.Del(ctx, l.replyKey(j.OwnerHash, j.KeyHash))
+		o.del = l.replyKey(j.OwnerHash, j.KeyHash)
 	}
-	if u.publish != "" {
-		pipe.Publish(ctx, l.Channel(), u.publish)
-	}
-	if pipe.Len() == 0 {
+	if o.key == "" && o.del == "" && o.publish == "" {
 		return
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		l.log.warn("redis cache: write failed; replays and wake-ups fall back to the ledger", zap.Error(err))
-	}
+	l.writer.queue(o)
 }
 
 // timeLeft is how long a job just read from the truth has until it
@@ -377,7 +383,7 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 		// Not stored yet (a stream): SaveBody caches it once it is.
 		l.memo.forget(ref.JobID)
 	}
-	l.write(ctx, u)
+	l.write(u)
 	return c, nil
 }
 
@@ -397,7 +403,7 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 	default:
 		u.del = j
 	}
-	l.write(ctx, u)
+	l.write(u)
 	return nil
 }
 
@@ -409,7 +415,7 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 		if a != nil {
 			l.memo.extend(ref.JobID, a.Deadline.Sub(a.StartedAt), l.now())
 		}
-		l.write(ctx, update{publish: ref.JobID})
+		l.write(update{publish: ref.JobID})
 	}
 	return a, err
 }
@@ -419,7 +425,7 @@ func (l *Ledger) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason 
 	if err := l.truth.MarkUnknown(ctx, ref, reason); err != nil {
 		return err
 	}
-	l.write(ctx, update{publish: ref.JobID})
+	l.write(update{publish: ref.JobID})
 	return nil
 }
 
@@ -428,7 +434,7 @@ func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
 	if err := l.truth.Unsent(ctx, ref); err != nil {
 		return err
 	}
-	l.write(ctx, update{publish: ref.JobID})
+	l.write(update{publish: ref.JobID})
 	return nil
 }
 
@@ -452,7 +458,7 @@ func (l *Ledger) settled(ctx context.Context, jobID string, j *ledger.Job) {
 			u.set, u.left = full, timeLeft(j)
 		}
 	}
-	l.write(ctx, u)
+	l.write(u)
 }
 
 // ClaimLookup implements ledger.Ledger: a lease changes no answer.
@@ -550,6 +556,7 @@ func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 // client only when Options.CloseTruth and Options.CloseClient say so.
 func (l *Ledger) Close() error {
 	l.closeOnce.Do(func() {
+		l.writer.close()
 		l.bus.close()
 		var errs []error
 		if l.closeTruth {

@@ -176,6 +176,7 @@ func mustReserve(t *testing.T, l ledger.Ledger, p ledger.ReserveParams, want led
 	if r.Outcome != want {
 		t.Fatalf("Reserve = %v, want %v", r.Outcome, want)
 	}
+	written(l)
 	return r
 }
 
@@ -185,7 +186,16 @@ func mustComplete(t *testing.T, l ledger.Ledger, r ledger.Reservation, body stri
 	if err != nil || !c.Won {
 		t.Fatalf("Complete: won %v, %v", c.Won, err)
 	}
+	written(l)
 	return c
+}
+
+// written returns once what a cache Ledger l queued for Redis is sent, for
+// tests that read Redis, or replay from another instance, next.
+func written(l ledger.Ledger) {
+	if c, ok := l.(*Ledger); ok {
+		c.writer.flush()
+	}
 }
 
 func wantAnswer(t *testing.T, r ledger.Reservation, jobID, body string) {
@@ -320,6 +330,7 @@ func TestCorruptReplyFallsBack(t *testing.T) {
 				t.Fatalf("a %s reply was trusted", name)
 			}
 			// The truth's answer replaced it.
+			written(l)
 			if got, _ := m.Get(key); got != good {
 				t.Errorf("the reply was not refreshed from the truth")
 			}
@@ -509,6 +520,7 @@ func TestStreamCachedOnceStored(t *testing.T) {
 	if c, err := l.Complete(testCtx(t), r.Attempt.Ref(), head); err != nil || !c.Won {
 		t.Fatalf("Complete: %v %v", c.Won, err)
 	}
+	written(l)
 	key := l.replyKey(p.OwnerHash, p.KeyHash)
 	if rr := mustReserve(t, l, p, ledger.Done); rr.Job.Response.Stored || m.Exists(key) {
 		t.Fatalf("an answer was cached before its body was stored")
@@ -530,6 +542,7 @@ func TestStreamCachedOnceStored(t *testing.T) {
 	if err := l.SaveBody(testCtx(t), rq.Attempt.Ref(), []byte("partial"), 1<<30, false); err != nil {
 		t.Fatal(err)
 	}
+	written(l)
 	if m.Exists(l.replyKey(q.OwnerHash, q.KeyHash)) {
 		t.Errorf("an answer that was not stored was cached")
 	}
@@ -549,6 +562,7 @@ func TestResolveCaches(t *testing.T) {
 	if _, err := admin.Resolve(testCtx(t), r.Job.ID, ledger.Resolution{Response: &resp, AttemptID: ledger.NewID()}); err != nil {
 		t.Fatal(err)
 	}
+	written(admin)
 	before := truth.reserves.Load()
 	got := mustReserve(t, l, p, ledger.Done)
 	if string(got.Job.Response.Body) != "operator" || truth.reserves.Load() != before {

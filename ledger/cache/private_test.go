@@ -57,6 +57,7 @@ func TestPurgeForgetsReplies(t *testing.T) {
 func TestSealedCache(t *testing.T) {
 	m := miniredis.RunT(t)
 	ledgertest.RunSealed(t, cacheHarness(m), func(t *testing.T, l ledger.Ledger) []byte {
+		written(l)
 		var b bytes.Buffer
 		for _, k := range m.Keys() {
 			if v, err := m.Get(k); err == nil {

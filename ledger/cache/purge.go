@@ -30,9 +30,13 @@ func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats
 }
 
 // Forget drops every reply of the owner ownerHash from Redis and from this
-// process, and returns how many Redis held. It walks the owner's keys with
+// process, and returns how many Redis held, once this process's queued
+// writes are sent. It walks the owner's keys with
 // SCAN, so its cost grows with the cache's size.
 func (l *Ledger) Forget(ctx context.Context, ownerHash []byte) (int, error) {
+	// The writes queued before this call reach Redis first: none of them
+	// puts back a reply dropped below.
+	l.writer.flush()
 	l.near.ForgetOwner(ownerHash)
 	match := globEscape(l.prefix+"reply:"+hex.EncodeToString(ownerHash)+":") + "*"
 	n := 0

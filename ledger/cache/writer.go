@@ -1,0 +1,156 @@
+package cache
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// maxBatch bounds the writes one pipeline carries.
+const maxBatch = 128
+
+// op is one write to Redis, prepared by the caller: the writer only sends
+// it. A reply's time to live counts from when the op was queued, so the
+// time it waited is taken off it when it is sent.
+type op struct {
+	key     string        // the reply to set, "" for none
+	value   []byte        // the reply
+	ttl     time.Duration // its time to live when queued
+	del     string        // the reply to drop, "" for none
+	publish string        // the job id to publish, "" for none
+	queued  time.Time     // by the cache's local clock
+	flushed chan struct{} // closed once every op queued before this one was sent
+}
+
+// writer sends the cache's writes to Redis in the background, in the order
+// they were queued, as many at a time as are waiting (up to maxBatch) in
+// one pipeline. A call that changed the truth returns without waiting for
+// Redis: its writes only help later calls (a reply they can replay, a
+// publication that wakes waiters sooner than the truth's own
+// notification), and every reader falls back to the truth without them.
+// Under load, one round trip carries the writes of many calls.
+type writer struct {
+	rdb     *redis.Client
+	timeout time.Duration
+	now     func() time.Time
+	log     *logThrottle
+	channel string
+
+	start   sync.Once
+	ops     chan op
+	done    chan struct{} // closed by close: send what is queued and stop
+	stopped chan struct{} // closed when the loop has returned
+	closed  sync.Once
+}
+
+func newWriter(rdb *redis.Client, channel string, timeout time.Duration, now func() time.Time, log *logThrottle) *writer {
+	return &writer{
+		rdb: rdb, timeout: timeout, now: now, log: log, channel: channel,
+		ops:     make(chan op, 4*maxBatch),
+		done:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+}
+
+// queue hands o to the loop, which it starts on first use. After close
+// the op is dropped.
+func (w *writer) queue(o op) {
+	w.start.Do(func() { go w.loop() })
+	select {
+	case <-w.done:
+		return
+	default:
+	}
+	select {
+	case w.ops <- o:
+	case <-w.done:
+	}
+}
+
+// flush returns once every op queued before it was sent (or the writer
+// stopped).
+func (w *writer) flush() {
+	ch := make(chan struct{})
+	w.queue(op{flushed: ch})
+	select {
+	case <-ch:
+	case <-w.stopped:
+	}
+}
+
+// close sends what is queued and stops the loop, if it was started.
+func (w *writer) close() {
+	w.closed.Do(func() {
+		close(w.done)
+		started := true
+		w.start.Do(func() { started = false })
+		if started {
+			<-w.stopped
+		} else {
+			close(w.stopped)
+		}
+	})
+}
+
+func (w *writer) loop() {
+	defer close(w.stopped)
+	batch := make([]op, 0, maxBatch)
+	for {
+		select {
+		case o := <-w.ops:
+			batch = append(batch[:0], o)
+		case <-w.done:
+			batch = batch[:0]
+			for len(w.ops) > 0 {
+				batch = append(batch, <-w.ops)
+			}
+			w.send(batch)
+			return
+		}
+	more:
+		for len(batch) < maxBatch {
+			select {
+			case o := <-w.ops:
+				batch = append(batch, o)
+			default:
+				break more
+			}
+		}
+		w.send(batch)
+	}
+}
+
+// send writes batch in one pipeline; Redis errors are logged, never
+// returned.
+func (w *writer) send(batch []op) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	defer cancel()
+	pipe := w.rdb.Pipeline()
+	now := w.now()
+	for _, o := range batch {
+		if o.key != "" {
+			if ttl := o.ttl - now.Sub(o.queued); ttl >= time.Millisecond {
+				pipe.Set(ctx, o.key, o.value, ttl)
+			}
+		}
+		if o.del != "" {
+			pipe.Del(ctx, o.del)
+		}
+		if o.publish != "" {
+			pipe.Publish(ctx, w.channel, o.publish)
+		}
+	}
+	if pipe.Len() > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			w.log.warn("redis cache: write failed; replays and wake-ups fall back to the ledger", zap.Error(err))
+		}
+	}
+	for _, o := range batch {
+		if o.flushed != nil {
+			close(o.flushed)
+		}
+	}
+}
