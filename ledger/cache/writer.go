@@ -9,8 +9,13 @@ import (
 	"go.uber.org/zap"
 )
 
-// maxBatch bounds the writes one pipeline carries.
-const maxBatch = 128
+// maxBatch and maxBatchBytes bound the writes one pipeline carries: a
+// pipeline of large replies would not fit in one call's timeout, and its
+// failure would take small writes with it.
+const (
+	maxBatch      = 128
+	maxBatchBytes = 1 << 20
+)
 
 // op is one write to Redis, prepared by the caller: the writer only sends
 // it. A reply's time to live counts from when the op was queued, so the
@@ -99,28 +104,38 @@ func (w *writer) loop() {
 	defer close(w.stopped)
 	batch := make([]op, 0, maxBatch)
 	for {
+		var first op
 		select {
-		case o := <-w.ops:
-			batch = append(batch[:0], o)
+		case first = <-w.ops:
 		case <-w.done:
-			batch = batch[:0]
+			// Send what is queued, then stop.
 			for len(w.ops) > 0 {
-				batch = append(batch, <-w.ops)
+				batch = w.fill(append(batch[:0], <-w.ops))
+				w.send(batch)
 			}
-			w.send(batch)
 			return
 		}
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case o := <-w.ops:
-				batch = append(batch, o)
-			default:
-				break more
-			}
-		}
+		batch = w.fill(append(batch[:0], first))
 		w.send(batch)
 	}
+}
+
+// fill adds to batch the ops waiting, within maxBatch and maxBatchBytes.
+func (w *writer) fill(batch []op) []op {
+	size := 0
+	for _, o := range batch {
+		size += len(o.value)
+	}
+	for len(batch) < maxBatch && size < maxBatchBytes {
+		select {
+		case o := <-w.ops:
+			batch = append(batch, o)
+			size += len(o.value)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // send writes batch in one pipeline; Redis errors are logged, never

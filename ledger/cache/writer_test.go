@@ -126,3 +126,34 @@ func TestCloseSendsQueuedWrites(t *testing.T) {
 		t.Error("a write after Close reached Redis")
 	}
 }
+
+// TestBatchBytesBounded: large replies are not all sent in one pipeline.
+func TestBatchBytesBounded(t *testing.T) {
+	m := miniredis.RunT(t)
+	g := newGate()
+	l := gated(t, m, g)
+	l.writer.queue(op{publish: "first", queued: l.now()})
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if p, _ := g.counts(); p == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first write was not sent")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	big := make([]byte, maxBatchBytes*6/10)
+	for _, k := range []string{"a", "b", "c"} {
+		l.writer.queue(op{key: k, value: big, ttl: time.Hour, queued: l.now()})
+	}
+	close(g.open)
+	l.writer.flush()
+	if p, c := g.counts(); p != 3 || c != 4 {
+		t.Errorf("%d pipelines, %d commands; want 3 and 4: two large replies, then the third", p, c)
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if !m.Exists(k) {
+			t.Errorf("%s was not written", k)
+		}
+	}
+}
