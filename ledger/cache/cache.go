@@ -46,7 +46,11 @@
 // # Wake-ups
 //
 // Complete, SaveBody, Fail, MarkUnknown and Resolve publish the job's id
-// after the truth has recorded the change.
+// after the truth has recorded the change. Wait subscribes (one
+// subscription per Ledger, shared by its waiters) before it runs the
+// truth's own Wait, and reads the truth's Job whenever the id is
+// published: it returns only states read from the truth, and without Redis
+// the truth's Wait alone still answers.
 //
 // # Writes
 //
@@ -57,11 +61,8 @@
 // time to live loses the time its write waited. Until it is sent, a
 // replay in another process is answered by the truth, and a waiter there
 // is woken by the truth's own notification; Forget (and so Purge) sends
-// what is queued before it drops the owner's replies. Wait subscribes (one
-// subscription per Ledger, shared by its waiters) before it runs the
-// truth's own Wait, and reads the truth's Job whenever the id is
-// published: it returns only states read from the truth, and without Redis
-// the truth's Wait alone still answers.
+// what is queued before it drops the owner's replies. Close ends the
+// cache's subscription after it has sent the writes queued before it.
 //
 // # Ownership
 //
