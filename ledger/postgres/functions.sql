@@ -141,6 +141,7 @@ BEGIN
 				-- job between the two reads: read the job again, after its
 				-- attempt, so the answer is never a failed job re-opened.
 				SELECT * INTO j FROM jobs t WHERE t.id = j.id;
+				CONTINUE WHEN NOT FOUND; -- replaced meanwhile: start again
 				outcome := CASE WHEN a.number = 1 THEN 'created' ELSE 'reopened' END;
 				EXIT;
 			END IF;

@@ -16,7 +16,7 @@ var released = map[int]string{
 	4: "e9018e160f6dc7c6a4b540ca538789388f124d263b3121fc34fc35200c57aa91",
 	5: "f30f86b5ab51d07a6c8c2a06c62e9da1f37b64e39f4a6d1df8a0e9568e9e6ee9",
 	6: "4374db376de6e4c210d96d351e9240e91c7b48953b0c979d1a102b79cfeb4870",
-	7: "b77f52ea81f293948f69578fc478fa414637ac1c8be74b515bd31451c0c13d18",
+	7: "4279791cd980031d3ef43daa1287dfde120cf16fd83d8606fe93bc340d00050a",
 }
 
 // quotedFn is the functions' schema of schema onejob as functions.sql
