@@ -49,6 +49,20 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	}
 }
 
+// holding returns once a pipeline is held at the gate.
+func (g *gate) holding(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if p, _ := g.counts(); p == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first write was not sent")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (g *gate) counts() (pipelines, commands int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -66,24 +80,23 @@ func gated(t *testing.T, m *miniredis.Miniredis, g *gate) *Ledger {
 	return l
 }
 
+// holding returns a gated cache Ledger whose first write, a publication,
+// is held at the gate.
+func holding(t *testing.T) (*miniredis.Miniredis, *gate, *Ledger) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	g := newGate()
+	l := gated(t, m, g)
+	l.writer.queue(op{publish: "first", queued: l.now()})
+	g.holding(t)
+	return m, g, l
+}
+
 // TestWritesBatched: the writes queued while a pipeline is on its way go
 // together in the next one, in the order they were queued, and a reply's
 // time to live loses the time its write waited.
 func TestWritesBatched(t *testing.T) {
-	m := miniredis.RunT(t)
-	g := newGate()
-	l := gated(t, m, g)
-
-	l.writer.queue(op{publish: "first", queued: l.now()})
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if p, _ := g.counts(); p == 1 {
-			break // the first pipeline is held at the gate
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first write was not sent")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	m, g, l := holding(t)
 	queued := l.now()
 	l.writer.queue(op{key: "k", value: []byte("v1"), ttl: time.Hour, queued: queued})
 	for i := range 8 {
@@ -129,19 +142,7 @@ func TestCloseSendsQueuedWrites(t *testing.T) {
 
 // TestBatchBytesBounded: large replies are not all sent in one pipeline.
 func TestBatchBytesBounded(t *testing.T) {
-	m := miniredis.RunT(t)
-	g := newGate()
-	l := gated(t, m, g)
-	l.writer.queue(op{publish: "first", queued: l.now()})
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if p, _ := g.counts(); p == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first write was not sent")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	m, g, l := holding(t)
 	big := make([]byte, maxBatchBytes*6/10)
 	for _, k := range []string{"a", "b", "c"} {
 		l.writer.queue(op{key: k, value: big, ttl: time.Hour, queued: l.now()})

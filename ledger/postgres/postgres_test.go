@@ -110,6 +110,15 @@ func (c *countingTracer) take() int {
 	return n
 }
 
+// oneKey returns reservation params for the one key a test uses, its
+// first attempt leased for lease.
+func oneKey(lease time.Duration) ledger.ReserveParams {
+	return ledger.ReserveParams{
+		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NewAttempt("p", lease),
+	}.WithNewIDs()
+}
+
 func TestRoundTrips(t *testing.T) {
 	tr := &countingTracer{}
 	l, err := Open(context.Background(), dsn(t), Options{Schema: newSchema(t), Tracer: tr})
@@ -127,10 +136,7 @@ func TestRoundTrips(t *testing.T) {
 	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
-	}.WithNewIDs()
+	p := oneKey(time.Minute)
 	tr.take()
 	r, err := l.Reserve(ctx, p)
 	if err != nil {
@@ -193,10 +199,7 @@ func TestCompleteReportsItsCommit(t *testing.T) {
 			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+schema+`.refuse_599()`); err != nil {
 		t.Fatal(err)
 	}
-	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
-	}.WithNewIDs()
+	p := oneKey(time.Minute)
 	r, err := l.Reserve(ctx, p)
 	if err != nil {
 		t.Fatal(err)
@@ -276,10 +279,7 @@ func TestListenerReconnects(t *testing.T) {
 	peer := open(t, schema)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
-	}.WithNewIDs()
+	p := oneKey(time.Minute)
 	r, err := l.Reserve(ctx, p)
 	if err != nil {
 		t.Fatal(err)
@@ -357,10 +357,7 @@ func TestLookupLost(t *testing.T) {
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NewAttempt("p", 300*time.Millisecond),
-	}.WithNewIDs()
+	p := oneKey(300 * time.Millisecond)
 	r, err := l.Reserve(ctx, p)
 	if err != nil {
 		t.Fatal(err)

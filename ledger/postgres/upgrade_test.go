@@ -181,10 +181,7 @@ func TestFunctionsApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	again := open(t, schema)
-	p := ledger.ReserveParams{
-		OwnerHash: []byte("owner"), KeyHash: []byte("key"), Fingerprint: []byte("fp"), FingerprintVersion: 1,
-		Retention: time.Hour, Attempt: ledger.NewAttempt("p", time.Minute),
-	}.WithNewIDs()
+	p := oneKey(time.Minute)
 	r, err := again.Reserve(ctx, p)
 	if err != nil || r.Outcome != ledger.Created {
 		t.Fatalf("reserve on the schema made again: %+v %v", r, err)
