@@ -90,33 +90,25 @@ func (w *writer) flush() {
 func (w *writer) close() {
 	w.closed.Do(func() {
 		close(w.done)
-		started := true
-		w.start.Do(func() { started = false })
-		if started {
-			<-w.stopped
-		} else {
-			close(w.stopped)
-		}
+		w.start.Do(func() { close(w.stopped) }) // never started: nothing to stop, and it never will
+		<-w.stopped
 	})
 }
 
 func (w *writer) loop() {
 	defer close(w.stopped)
-	batch := make([]op, 0, maxBatch)
+	batch := make([]op, 0, maxBatch) // fill keeps it within this capacity
 	for {
-		var first op
 		select {
-		case first = <-w.ops:
+		case o := <-w.ops:
+			w.send(w.fill(append(batch[:0], o)))
 		case <-w.done:
 			// Send what is queued, then stop.
 			for len(w.ops) > 0 {
-				batch = w.fill(append(batch[:0], <-w.ops))
-				w.send(batch)
+				w.send(w.fill(append(batch[:0], <-w.ops)))
 			}
 			return
 		}
-		batch = w.fill(append(batch[:0], first))
-		w.send(batch)
 	}
 }
 
