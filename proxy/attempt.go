@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -82,24 +83,26 @@ type runner struct {
 	done   chan struct{} // closed once out is decided
 	ended  chan struct{} // closed when an answer passing through ends
 
-	mu        sync.Mutex
-	state     clientState
-	current   ledger.Attempt  // the attempt attempt_timeout watches
-	running   map[string]*try // the tries under way, by attempt id
-	streamCut bool            // the answer that went out ended early
-	out       *final          // the run's outcome, once decided
+	mu         sync.Mutex
+	state      clientState
+	current    ledger.Attempt // the attempt attempt_timeout watches
+	running    []*try         // the tries under way, in the order they started
+	runningBuf [2]*try        // running's first items, in the runner's own allocation
+	streamCut  bool           // the answer that went out ended early
+	out        *final         // the run's outcome, once decided
 }
 
 func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w http.ResponseWriter, first ledger.Attempt) *runner {
-	return &runner{
+	rn := &runner{
 		m: m, base: base, next: next, body: body,
 		client:  &client{w: w},
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		ended:   make(chan struct{}),
 		current: first, // known before the runner starts, for an early timeout
-		running: map[string]*try{},
 	}
+	rn.running = rn.runningBuf[:0]
+	return rn
 }
 
 func (rn *runner) notify() {
@@ -235,7 +238,9 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	defer release()
 	m := rn.m
 	pol := &m.policy
-	results := make(chan result, len(pol.Providers)+1)
+	// Pointers, not results: a result is a few hundred bytes, and a
+	// channel's buffer is allocated whole for every run.
+	results := make(chan *result, len(pol.Providers)+1)
 	// Without hedging, attempts run one at a time: each runs on this
 	// goroutine, its result waiting in the channel for the loop below.
 	inline := pol.HedgeAfter <= 0
@@ -245,7 +250,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 		}
 		t := &try{rn: rn, att: att, provider: p, until: until}
 		rn.mu.Lock()
-		rn.running[att.ID] = t
+		rn.running = append(rn.running, t)
 		rn.mu.Unlock()
 		if inline {
 			results <- t.run()
@@ -288,7 +293,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 		case res := <-results:
 			pending--
 			rn.mu.Lock()
-			delete(rn.running, res.att.ID)
+			rn.running = slices.DeleteFunc(rn.running, func(t *try) bool { return t.att.ID == res.att.ID })
 			open := rn.open()
 			rn.mu.Unlock()
 			p := pol.Providers[res.provider]
@@ -305,7 +310,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 				rn.decide(rn.complete(res.att, p, res.answer))
 			case res.verdict == fallback.Failed:
 				m.cfg.Observer.Attempt(p, "failed")
-				lastFailure = &res
+				lastFailure = res
 				var next *ledger.NextAttempt
 				nextIdx := 0
 				if pending == 0 && open && !res.att.Resend { // a re-send never fails over: its original may have acted
@@ -327,7 +332,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 			default:
 				m.cfg.Observer.Attempt(p, "unknown")
 				m.markUnknown(res.att, res.reason)
-				lastUnknown = &res
+				lastUnknown = res
 				// A broken connection to a provider that deduplicates is
 				// sent again, while the client waits and until the
 				// original attempt's deadline (never after a timeout:
@@ -588,7 +593,7 @@ func (t *try) drop(breach error) {
 
 // run sends the try's request and reports how it ended. Results that
 // were committed early are recorded here; the rest by the run loop.
-func (t *try) run() result {
+func (t *try) run() *result {
 	rn, m, att, provider := t.rn, t.rn.m, t.att, t.provider
 	m.cfg.Observer.InFlight(1)
 	defer m.cfg.Observer.InFlight(-1)
@@ -640,7 +645,7 @@ func (t *try) run() result {
 		v, reason = fallback.Failed, "re-send answered "+strconv.Itoa(c.status)+": the original is in progress or was not taken"
 	}
 	timedOut := errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
-	res := result{att: att, provider: provider, verdict: v, reason: reason, until: t.until,
+	res := &result{att: att, provider: provider, verdict: v, reason: reason, until: t.until,
 		broken: v == fallback.Unknown && (cut || (err != nil && !timedOut))}
 	if v == fallback.Result && m.cfg.Contract != nil && m.cfg.Contract.Applies(c.status) {
 		breach := t.breach

@@ -240,8 +240,14 @@ func (m *Middleware) storable(h map[string][]string) map[string][]string {
 // private ones (Middleware.storable).
 func storedHeader(h http.Header) map[string][]string {
 	out := make(map[string][]string, len(h))
+	n := 0
+	for _, v := range h {
+		n += len(v)
+	}
+	values := make([]string, n) // one array for every value, as http.Header.Clone does
 	for k, v := range h {
-		out[k] = append([]string(nil), v...)
+		n = copy(values, v)
+		out[k], values = values[:n:n], values[n:]
 	}
 	for _, c := range h["Connection"] {
 		for _, f := range bytes.Split([]byte(c), []byte{','}) {
