@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -303,14 +304,18 @@ func runSeries(cfg config, up *upstream) (results []result, err error) {
 	}
 	list = append(list, nondurables...)
 
-	ctx := context.Background()
 	sw := &durabilitySwitch{cfg: cfg}
 	defer func() {
-		if rerr := sw.restore(ctx); rerr != nil {
+		if rerr := sw.restore(context.Background()); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("bench: restoring the durability settings: %w", rerr))
 		}
 	}()
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
+	// The durable series (and those on neither server) first, then the
+	// non-durable ones: the servers switch once between them (turning
+	// Redis's append-only file on rewrites it, which would load the runs
+	// after every switch).
+	var phases [2][]series
 	for _, s := range list {
 		if !cfg.only.MatchString(s.name) {
 			continue
@@ -318,30 +323,90 @@ func runSeries(cfg config, up *upstream) (results []result, err error) {
 		if s.binary == "" {
 			s.binary = cfg.gateway
 		}
-		if err := sw.set(ctx, s.durability); err != nil {
-			return nil, fmt.Errorf("bench: %s: durability: %w", s.name, err)
+		i := 0
+		if s.durability == nondurable {
+			i = 1
 		}
-		var m measured
-		if s.mode == "pgbench" {
-			m.samples, err = measurePgbench(cfg)
-		} else {
-			m, err = measure(cfg, up, s, run)
+		phases[i] = append(phases[i], s)
+	}
+	for _, phase := range phases {
+		if len(phase) == 0 {
+			continue
 		}
+		rs, err := runRounds(cfg, up, sw, phase, run)
 		if err != nil {
-			return nil, fmt.Errorf("bench: %s: %w", s.name, err)
+			return nil, err
 		}
-		r := median(m.samples)
-		r.name, r.peakRSS = s.name, m.peak
-		r.baseline, r.target = s.baseline, s.target
-		r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
-		r.profile, r.redis = m.profile, m.redis
-		log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
-		results = append(results, r)
+		results = append(results, rs...)
 	}
 	return results, nil
 }
 
-// measured is what measure found for one series.
+// runRounds measures the series side by side: it starts each one's server
+// and warms it up, then takes cfg.reps rounds, each one run of every
+// series in turn, and reports each series' medians. A series and its
+// baseline are so measured over the same minutes, and whatever else loads
+// the machine meanwhile (a checkpoint, PostgreSQL vacuuming after
+// pgbench's inserts, another tenant of the host) falls on both, not on
+// whichever ran later: run one after the other, the series after
+// pgbench_ledger_sql measured 0.66–0.72x of postgres_fresh in two full
+// runs, and 1.04x run right after it.
+func runRounds(cfg config, up *upstream, sw *durabilitySwitch, list []series, run string) ([]result, error) {
+	ctx := context.Background()
+	var runs []*seriesRun
+	defer func() {
+		for _, r := range runs {
+			r.close()
+		}
+	}()
+	for _, s := range list {
+		if err := sw.set(ctx, s.durability); err != nil {
+			return nil, fmt.Errorf("bench: %s: durability: %w", s.name, err)
+		}
+		r := &seriesRun{s: s, run: run}
+		runs = append(runs, r)
+		if err := r.start(cfg, up); err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", s.name, err)
+		}
+	}
+	for rep := range cfg.reps {
+		// Every other round runs the series backwards: two series then
+		// take turns first (ABBA), which cancels a load that grows or
+		// fades steadily over the rounds, and what one series leaves
+		// behind (pgbench's inserts to vacuum) falls in turn on the
+		// series on either side of it.
+		order := slices.Clone(runs)
+		if rep%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, r := range order {
+			if err := sw.set(ctx, r.s.durability); err != nil {
+				return nil, fmt.Errorf("bench: %s: durability: %w", r.s.name, err)
+			}
+			if err := r.once(cfg, up, rep); err != nil {
+				return nil, fmt.Errorf("bench: %s: %w", r.s.name, err)
+			}
+		}
+		log.Printf("round %d of %d: %d series", rep+1, cfg.reps, len(runs))
+	}
+	var results []result
+	for _, r := range runs {
+		m, err := r.finish(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", r.s.name, err)
+		}
+		res := median(m.samples)
+		res.name, res.peakRSS = r.s.name, m.peak
+		res.baseline, res.target = r.s.baseline, r.s.target
+		res.reserve, res.complete = m.ops["reserve"], m.ops["complete"]
+		res.profile, res.redis = m.profile, m.redis
+		log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", res.name, res.rps, res.p50, res.p99, res.cpu)
+		results = append(results, res)
+	}
+	return results, nil
+}
+
+// measured is what the runs of one series found.
 type measured struct {
 	samples []sample
 	peak    int64                    // the server's peak RSS over the measured runs
@@ -350,104 +415,185 @@ type measured struct {
 	redis   *redisLoad               // for fresh series on Redis
 }
 
-// measure starts a server for the series and measures it (measureOn).
-func measure(cfg config, up *upstream, s series, run string) (measured, error) {
-	srv, err := startServer(cfg, s.binary, s.name, "", s.site)
-	if err != nil {
+// measureOn measures one series alone on srv, as the sweep does: its
+// warm-up, cfg.reps runs, then what they cost.
+func measureOn(cfg config, up *upstream, srv *server, s series, run string) (measured, error) {
+	r := &seriesRun{s: s, run: run, srv: srv}
+	defer r.closeMasters()
+	if err := r.warm(cfg, up); err != nil {
 		return measured{}, err
 	}
-	defer srv.stop()
-	return measureOn(cfg, up, srv, s, run)
+	for rep := range cfg.reps {
+		if err := r.once(cfg, up, rep); err != nil {
+			return measured{}, err
+		}
+	}
+	return r.finish(cfg)
 }
 
-// measureOn warms srv up (which also creates the replayed keys), and
-// measures cfg.reps runs; for a fresh or replay series, it then profiles one more
-// run when cfg.profiles names a directory.
-func measureOn(cfg config, up *upstream, srv *server, s series, run string) (m measured, err error) {
-	prefix := func(rep int) string {
-		switch s.mode {
-		case "replay":
-			return "replay-" + run
-		case "stored":
-			return s.prefix
+// seriesRun is one series under way: its server (none for pgbench, which
+// runs the PostgreSQL ledger's SQL for a fresh request itself, in the
+// schema the postgres series' gateway created), the counters its runs are
+// measured against, and what they measured so far.
+type seriesRun struct {
+	s        series
+	run      string  // the bench run's id, in the series' keys
+	srv      *server // started by start, or given (measureOn)
+	own      bool    // srv is the run's to stop
+	keys     int
+	before   map[string]opTime // the ledger's times after the warm-up
+	rtBefore runtimeCounters
+	masters  []*master // the Redis masters of a fresh series on Redis
+	m        measured
+}
+
+// prefix names the keys of run rep (-1: the warm-up): a replay series
+// replays the warm-up's keys; the stored mode, the jobs stored before the
+// series.
+func (r *seriesRun) prefix(rep int) string {
+	switch r.s.mode {
+	case "replay":
+		return "replay-" + r.run
+	case "stored":
+		return r.s.prefix
+	}
+	return fmt.Sprintf("%s-%s-%d", r.s.name, r.run, rep)
+}
+
+// start starts the series' server, then warms it up.
+func (r *seriesRun) start(cfg config, up *upstream) error {
+	if r.s.mode != "pgbench" {
+		srv, err := startServer(cfg, r.s.binary, r.s.name, "", r.s.site)
+		if err != nil {
+			return err
 		}
-		return fmt.Sprintf("%s-%s-%d", s.name, run, rep)
+		r.srv, r.own = srv, true
 	}
-	keys := 64
-	if s.mode == "stored" {
-		keys = s.keys
+	return r.warm(cfg, up)
+}
+
+// warm runs the unmeasured warm-up (which also creates the replayed keys)
+// and reads the counters the measured runs are compared with.
+func (r *seriesRun) warm(cfg config, up *upstream) error {
+	if r.s.mode == "pgbench" {
+		_, err := runPgbench(cfg, cfg.postgres, "bench", cfg.warmup)
+		return err
 	}
-	if _, err := runWrk(cfg, srv.url, cfg.warmup, s.mode, prefix(-1), keys); err != nil {
-		return m, err
+	r.keys = 64
+	if r.s.mode == "stored" {
+		r.keys = r.s.keys
 	}
-	// The metrics are read before the Redis masters' stats and after them
-	// below: a scrape may have the ledger count its jobs, which would show
-	// as Redis calls of the runs.
-	before, rtBefore := ledgerTimes(srv.admin), readRuntime(srv.admin)
+	if _, err := runWrk(cfg, r.srv.url, cfg.warmup, r.s.mode, r.prefix(-1), r.keys); err != nil {
+		return err
+	}
+	// The metrics are read here and in finish, never while a run's Redis
+	// stats are taken: a scrape may have the ledger count its jobs, which
+	// would show as Redis calls of the run.
+	r.before, r.rtBefore = ledgerTimes(r.srv.admin), readRuntime(r.srv.admin)
+	if r.s.redis != "" && r.s.mode == "fresh" {
+		masters, err := redisMasters(context.Background(), r.s.redis)
+		if err != nil {
+			return fmt.Errorf("the Redis masters: %v", err)
+		}
+		r.masters, r.m.redis = masters, &redisLoad{}
+	}
+	return nil
+}
+
+// once takes one measured run, numbered rep.
+func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
+	if r.s.mode == "pgbench" {
+		smp, err := runPgbench(cfg, cfg.postgres, "bench", cfg.duration)
+		if err != nil {
+			return err
+		}
+		r.m.samples = append(r.m.samples, smp)
+		return nil
+	}
 	ctx := context.Background()
-	var masters []*master
 	var redisBefore []masterStats
-	if s.redis != "" && s.mode == "fresh" {
-		if masters, err = redisMasters(ctx, s.redis); err != nil {
-			return m, fmt.Errorf("the Redis masters: %v", err)
-		}
-		defer closeMasters(masters)
-		if redisBefore, err = snapshot(ctx, masters); err != nil {
-			return m, err
+	if r.masters != nil {
+		var err error
+		if redisBefore, err = snapshot(ctx, r.masters); err != nil {
+			return err
 		}
 	}
 	start := time.Now()
-	var requests int64
-	for rep := 0; rep < cfg.reps; rep++ {
-		hits, cpu := up.hits.Load(), srv.cpu()
-		smp, err := runWrk(cfg, srv.url, cfg.duration, s.mode, prefix(rep), keys)
-		if err != nil {
-			return m, fmt.Errorf("%v\nserver log:\n%s", err, srv.output())
-		}
-		smp.cpu = (srv.cpu() - cpu) / time.Duration(smp.requests)
-		// What reached the upstream proves the series measured what it
-		// says: every fresh request, and no replay.
-		switch forwarded := up.hits.Load() - hits; s.mode {
-		case "replay", "stored":
-			if forwarded != 0 {
-				return m, fmt.Errorf("%d replays reached the upstream", forwarded)
-			}
-		default:
-			if s.site != "" && strings.Contains(s.site, "reverse_proxy") && forwarded < smp.requests {
-				return m, fmt.Errorf("%d requests answered, %d reached the upstream", smp.requests, forwarded)
-			}
-		}
-		m.samples = append(m.samples, smp)
-		requests += smp.requests
+	hits, cpu := up.hits.Load(), r.srv.cpu()
+	smp, err := runWrk(cfg, r.srv.url, cfg.duration, r.s.mode, r.prefix(rep), r.keys)
+	if err != nil {
+		return fmt.Errorf("%v\nserver log:\n%s", err, r.srv.output())
 	}
-	wall := time.Since(start)
-	if masters != nil {
-		after, err := snapshot(ctx, masters)
-		if err != nil {
-			return m, err
+	smp.cpu = (r.srv.cpu() - cpu) / time.Duration(smp.requests)
+	// What reached the upstream proves the series measured what it says:
+	// every fresh request, and no replay.
+	switch forwarded := up.hits.Load() - hits; r.s.mode {
+	case "replay", "stored":
+		if forwarded != 0 {
+			return fmt.Errorf("%d replays reached the upstream", forwarded)
 		}
-		m.redis = newRedisLoad(masters, redisBefore, after, requests, wall)
+	default:
+		if r.s.site != "" && strings.Contains(r.s.site, "reverse_proxy") && forwarded < smp.requests {
+			return fmt.Errorf("%d requests answered, %d reached the upstream", smp.requests, forwarded)
+		}
+	}
+	if r.masters != nil {
+		after, err := snapshot(ctx, r.masters)
+		if err != nil {
+			return err
+		}
+		r.m.redis.add(r.masters, redisBefore, after, smp.requests, time.Since(start))
+	}
+	r.m.samples = append(r.m.samples, smp)
+	return nil
+}
+
+// finish reads what the measured runs cost (the ledger's times, the peak
+// memory) and, with -profiles, profiles one more run of a fresh or replay
+// series.
+func (r *seriesRun) finish(cfg config) (measured, error) {
+	m := r.m
+	if r.srv == nil {
+		return m, nil
 	}
 	m.ops = map[string]time.Duration{}
-	after, rtAfter := ledgerTimes(srv.admin), readRuntime(srv.admin)
+	after, rtAfter := ledgerTimes(r.srv.admin), readRuntime(r.srv.admin)
 	for op, a := range after {
-		if b := before[op]; a.count > b.count {
+		if b := r.before[op]; a.count > b.count {
 			m.ops[op] = time.Duration((a.sum - b.sum) / float64(a.count-b.count) * float64(time.Second))
 		}
 	}
-	m.peak = srv.peakRSS()
-	if cfg.profiles != "" && (s.mode == "fresh" || s.mode == "replay") && s.binary == cfg.gateway {
+	m.peak = r.srv.peakRSS()
+	var requests int64
+	for _, smp := range m.samples {
+		requests += smp.requests
+	}
+	if cfg.profiles != "" && (r.s.mode == "fresh" || r.s.mode == "replay") && r.s.binary == cfg.gateway {
 		// A profile that cannot be taken leaves the measurements as they are.
-		if m.profile, err = profileSeries(cfg, srv, s.name, s.mode, prefix(cfg.reps), keys); err != nil {
-			log.Printf("bench: %s: profiling: %v", s.name, err)
+		var err error
+		if m.profile, err = profileSeries(cfg, r.srv, r.s.name, r.s.mode, r.prefix(cfg.reps), r.keys); err != nil {
+			log.Printf("bench: %s: profiling: %v", r.s.name, err)
 		} else if requests > 0 {
 			n := float64(requests)
-			m.profile.allocs = (rtAfter.mallocs - rtBefore.mallocs) / n
-			m.profile.allocated = (rtAfter.bytes - rtBefore.bytes) / n
-			m.profile.gcs = 1000 * (rtAfter.gcs - rtBefore.gcs) / n
+			m.profile.allocs = (rtAfter.mallocs - r.rtBefore.mallocs) / n
+			m.profile.allocated = (rtAfter.bytes - r.rtBefore.bytes) / n
+			m.profile.gcs = 1000 * (rtAfter.gcs - r.rtBefore.gcs) / n
 		}
 	}
 	return m, nil
+}
+
+// close stops the server the run started and lets the Redis masters go.
+func (r *seriesRun) close() {
+	r.closeMasters()
+	if r.own && r.srv != nil {
+		r.srv.stop()
+	}
+}
+
+func (r *seriesRun) closeMasters() {
+	closeMasters(r.masters)
+	r.masters = nil
 }
 
 type opTime struct {
@@ -477,23 +623,6 @@ func ledgerTimes(admin string) map[string]opTime {
 		out[m[2]] = t
 	}
 	return out
-}
-
-// measurePgbench runs the PostgreSQL ledger's SQL for a fresh request in
-// the schema the postgres series created.
-func measurePgbench(cfg config) ([]sample, error) {
-	if _, err := runPgbench(cfg, cfg.postgres, "bench", cfg.warmup); err != nil {
-		return nil, err
-	}
-	var samples []sample
-	for rep := 0; rep < cfg.reps; rep++ {
-		smp, err := runPgbench(cfg, cfg.postgres, "bench", cfg.duration)
-		if err != nil {
-			return nil, err
-		}
-		samples = append(samples, smp)
-	}
-	return samples, nil
 }
 
 // median returns the medians of each measure over the samples.

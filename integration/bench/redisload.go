@@ -207,11 +207,12 @@ func snapshot(ctx context.Context, ms []*master) ([]masterStats, error) {
 	return out, nil
 }
 
-// redisLoad is what a series' measured runs cost each master: the
-// differences between the stats after and before them.
+// redisLoad is what a series' measured runs cost each master: the sums,
+// over its runs, of the differences between the stats after and before
+// each run (other series run between them, on the same servers).
 type redisLoad struct {
 	requests int64         // answered in the measured runs
-	wall     time.Duration // the measured runs' length, end to end
+	wall     time.Duration // the measured runs' length, added up
 	masters  []masterLoad
 }
 
@@ -221,19 +222,27 @@ type masterLoad struct {
 	masterStats
 }
 
-func newRedisLoad(ms []*master, before, after []masterStats, requests int64, wall time.Duration) *redisLoad {
-	l := &redisLoad{requests: requests, wall: wall}
-	for i, m := range ms {
-		a, b := after[i], before[i]
-		d := masterStats{keys: a.keys - b.keys, scripts: a.scripts - b.scripts, calls: map[string]int64{}, cpu: a.cpu - b.cpu}
+// add adds one run's cost to l: what it answered, how long it took, and
+// on each master the stats after it less the stats before it.
+func (l *redisLoad) add(ms []*master, before, after []masterStats, requests int64, wall time.Duration) {
+	if l.masters == nil {
+		for _, m := range ms {
+			l.masters = append(l.masters, masterLoad{addr: m.addr, slots: m.slots, masterStats: masterStats{calls: map[string]int64{}}})
+		}
+	}
+	l.requests += requests
+	l.wall += wall
+	for i := range ms {
+		a, b, d := after[i], before[i], &l.masters[i]
+		d.keys += a.keys - b.keys
+		d.scripts += a.scripts - b.scripts
+		d.cpu += a.cpu - b.cpu
 		for name, n := range a.calls {
 			if n > b.calls[name] {
-				d.calls[name] = n - b.calls[name]
+				d.calls[name] += n - b.calls[name]
 			}
 		}
-		l.masters = append(l.masters, masterLoad{addr: m.addr, slots: m.slots, masterStats: d})
 	}
-	return l
 }
 
 // ceiling is the fresh requests/s at which the busiest master's main
