@@ -348,9 +348,9 @@ func runSeries(cfg config, up *upstream) (results []result, err error) {
 // baseline are so measured over the same minutes, and whatever else loads
 // the machine meanwhile (a checkpoint, PostgreSQL vacuuming after
 // pgbench's inserts, another tenant of the host) falls on both, not on
-// whichever ran later: run one after the other, the series after
-// pgbench_ledger_sql measured 0.66–0.72x of postgres_fresh in two full
-// runs, and 1.04x run right after it.
+// whichever ran later (run one series after the other, every replay
+// series was judged against plain_respond measured up to ten minutes
+// before it).
 func runRounds(cfg config, up *upstream, sw *durabilitySwitch, list []series, run string) ([]result, error) {
 	ctx := context.Background()
 	var runs []*seriesRun
