@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -167,14 +168,20 @@ func printSettings(w io.Writer, cfg config) {
 }
 
 // upstream is the API behind the gateway: it answers a small JSON body and
-// counts the requests that reach it.
+// counts the requests that reach it, in all and by the run that sent them
+// (request.lua names it in a header).
 type upstream struct {
-	addr string
-	hits atomic.Int64
+	addr  string
+	hits  atomic.Int64
+	mu    sync.Mutex
+	byRun map[string]int64
 }
 
+// runHeader carries the prefix of the run's keys (request.lua).
+const runHeader = "X-Bench-Run"
+
 func startUpstream() *upstream {
-	u := new(upstream)
+	u := &upstream{byRun: map[string]int64{}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		log.Fatal(err)
@@ -183,10 +190,24 @@ func startUpstream() *upstream {
 	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		u.hits.Add(1)
+		u.mu.Lock()
+		u.byRun[r.Header.Get(runHeader)]++
+		u.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, answer)
 	}))
 	return u
+}
+
+// sentBy returns how many requests of the run with keys named after
+// prefix reached the upstream. Every series' server stays up through the
+// rounds, and the attempts a fresh run's last requests started go on after
+// wrk closed their connections: they reach the upstream during the next
+// run, whose count must not take them.
+func (u *upstream) sentBy(prefix string) int64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.byRun[prefix]
 }
 
 // result is one series' medians.
@@ -519,7 +540,7 @@ func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
 		}
 	}
 	start := time.Now()
-	hits, cpu := up.hits.Load(), r.srv.cpu()
+	hits, cpu := up.sentBy(r.prefix(rep)), r.srv.cpu()
 	smp, err := runWrk(cfg, r.srv.url, cfg.duration, r.s.mode, r.prefix(rep), r.keys)
 	if err != nil {
 		return fmt.Errorf("%v\nserver log:\n%s", err, r.srv.output())
@@ -527,7 +548,7 @@ func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
 	smp.cpu = (r.srv.cpu() - cpu) / time.Duration(smp.requests)
 	// What reached the upstream proves the series measured what it says:
 	// every fresh request, and no replay.
-	switch forwarded := up.hits.Load() - hits; r.s.mode {
+	switch forwarded := up.sentBy(r.prefix(rep)) - hits; r.s.mode {
 	case "replay", "stored":
 		if forwarded != 0 {
 			return fmt.Errorf("%d replays reached the upstream", forwarded)

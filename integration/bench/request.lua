@@ -25,6 +25,8 @@ function init(args)
 	prefix = args[2] or "bench"
 	keys = tonumber(args[3] or "64")
 	n = 0
+	-- The upstream counts what reaches it by run (main.go, upstream).
+	wrk.headers["X-Bench-Run"] = prefix
 	math.randomseed(id * 7919 + os.time())
 end
 
