@@ -246,6 +246,10 @@ func storedHeader(h http.Header) map[string][]string {
 	}
 	values := make([]string, n) // one array for every value, as http.Header.Clone does
 	for k, v := range h {
+		if len(v) == 0 {
+			out[k] = nil
+			continue
+		}
 		n = copy(values, v)
 		out[k], values = values[:n:n], values[n:]
 	}

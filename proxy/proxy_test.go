@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -1693,15 +1694,23 @@ func TestStoredHeader(t *testing.T) {
 		"Date":              {"Mon, 02 Jan 2006 15:04:05 GMT"},
 		HeaderJobID:         {"j"},
 		HeaderReplayed:      {"true"},
+		"X-Empty":           {},
 	}
 	got := storedHeader(h)
-	want := map[string][]string{"Content-Type": {"application/json"}, "X-Multi": {"1", "2"}}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("storedHeader = %v, want %v", got, want)
+	want := map[string][]string{"Content-Type": {"application/json"}, "X-Multi": {"1", "2"}, "X-Empty": nil}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("storedHeader = %#v, want %#v", got, want)
 	}
 	got["X-Multi"][0] = "changed"
 	if h["X-Multi"][0] != "1" {
 		t.Error("storedHeader shares value slices with the live header")
+	}
+	// The values share one array: appending to one header's must not
+	// write over another's.
+	_ = append(got["Content-Type"], "appended")
+	_ = append(got["X-Multi"], "appended")
+	if got["X-Multi"][1] != "2" || got["Content-Type"][0] != "application/json" {
+		t.Errorf("an append to one stored header's values changed another's: %v", got)
 	}
 }
 
