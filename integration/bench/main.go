@@ -416,12 +416,9 @@ func runRounds(cfg config, up *upstream, sw *durabilitySwitch, list []series, ru
 		if err != nil {
 			return nil, fmt.Errorf("bench: %s: %w", r.s.name, err)
 		}
-		res := median(m.samples)
-		res.name, res.peakRSS = r.s.name, m.peak
+		res := m.result(r.s.name)
 		res.baseline, res.target = r.s.baseline, r.s.target
-		res.reserve, res.complete = m.ops["reserve"], m.ops["complete"]
 		res.profile, res.redis = m.profile, m.redis
-		log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", res.name, res.rps, res.p50, res.p99, res.cpu)
 		results = append(results, res)
 	}
 	return results, nil
@@ -434,6 +431,16 @@ type measured struct {
 	ops     map[string]time.Duration // mean ledger time per request, by operation
 	profile *profile                 // with -profiles, for fresh and replay series
 	redis   *redisLoad               // for fresh series on Redis
+}
+
+// result returns the medians of m's runs, named name, with the peak
+// memory and the ledger's times they took, and logs them.
+func (m measured) result(name string) result {
+	r := median(m.samples)
+	r.name, r.peakRSS = name, m.peak
+	r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
+	log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
+	return r
 }
 
 // measureOn measures one series alone on srv, as the sweep does: its

@@ -483,13 +483,10 @@ func sweepAt(cfg config, up *upstream, site string, keys int, p *sweepPoint, run
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		r := median(m.samples)
-		r.name, r.peakRSS = s.name, m.peak
-		r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
+		r := m.result(s.name)
 		if first := cfg.sweep[0]; p.size != first {
 			r.baseline, r.target = "sweep_"+p.ledger+"_"+jobsLabel(first)+"_"+kind.suffix, sweepTarget
 		}
-		log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
 		p.rows = append(p.rows, r)
 	}
 	p.sweepLag = metric(srv.admin, "caddy_idempotency_ledger_sweep_lag_seconds")
