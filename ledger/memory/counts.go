@@ -14,7 +14,7 @@ func (l *Ledger) Counts(_ context.Context) (ledger.Counts, error) {
 	c := ledger.NewCounts(now)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, e := range l.byID {
+	for e := range l.byID.all(&l.slab) {
 		if e.expired(now) {
 			continue
 		}

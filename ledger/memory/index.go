@@ -17,8 +17,8 @@ type index struct {
 }
 
 type expiring struct {
-	at int64 // Unix nanoseconds
-	e  *entry
+	at    int64  // Unix nanoseconds
+	place uint32 // the entry's, in the slab
 }
 
 type expiryHeap []expiring
@@ -43,7 +43,7 @@ func (l *Ledger) hold(e *entry, j *ledger.Job, rec []byte) {
 		e.expiresAt = j.ExpiresAt.UnixNano()
 	}
 	if e.expiresAt != 0 && e.expiresAt != before {
-		heap.Push(&l.index.expiry, expiring{at: e.expiresAt, e: e})
+		heap.Push(&l.index.expiry, expiring{at: e.expiresAt, place: e.place})
 	}
 	if rec != nil {
 		e.job, e.packed = nil, rec
@@ -59,16 +59,19 @@ func (l *Ledger) unindex(e *entry) {
 	delete(l.index.unsettled, e)
 }
 
-// due pops the entries whose expiry has come, at most limit of them,
-// still held and with that expiry. l.mu must be held.
-func (l *Ledger) due(now int64, limit int) []*entry {
-	var out []*entry
+// removeDue removes the entries whose expiry has come, at most limit of
+// them, and returns how many it removed and the journal's number of the
+// last removal. A popped expiry that is not its place's entry's (the
+// expiry changed since, or the entry was removed, its place perhaps taken
+// by another since) is dropped. l.mu must be held.
+func (l *Ledger) removeDue(now int64, limit int) (removed int, change uint64) {
 	h := &l.index.expiry
-	for h.Len() > 0 && (*h)[0].at <= now && len(out) < limit {
+	for h.Len() > 0 && (*h)[0].at <= now && removed < limit {
 		x := heap.Pop(h).(expiring)
-		if l.byID[x.e.id] == x.e && x.e.expiresAt == x.at {
-			out = append(out, x.e)
+		if e := l.slab.at(x.place); e.expiresAt == x.at {
+			change = max(change, l.remove(e))
+			removed++
 		}
 	}
-	return out
+	return removed, change
 }

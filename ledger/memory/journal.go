@@ -20,22 +20,20 @@ func (l *Ledger) Load(rec []byte) error {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.drop(j.ID)
+	l.unload(j.ID)
 	if j.Expired(now) {
 		return nil
 	}
 	key := appendIdentity(nil, j.OwnerHash, j.KeyHash)
-	if old := l.byKey[string(key)]; old != nil {
-		l.drop(old.id)
+	if old := l.byKey.get(&l.slab, string(key)); old != nil {
+		l.drop(old)
 	}
-	e := newEntry(key, j.ID)
+	e := l.add(key, j.ID)
 	var packed []byte // nil: held as itself
 	if settled(j) {
 		packed = rec
 	}
 	l.hold(e, j, packed)
-	l.byKey[e.key] = e
-	l.byID[e.id] = e
 	return nil
 }
 
@@ -44,18 +42,13 @@ func (l *Ledger) Load(rec []byte) error {
 func (l *Ledger) Unload(jobID string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.drop(jobID)
+	l.unload(jobID)
 }
 
-// drop forgets the job jobID. l.mu must be held.
-func (l *Ledger) drop(jobID string) {
-	if e := l.byID[jobID]; e != nil {
-		delete(l.byID, jobID)
-		if l.byKey[e.key] == e {
-			delete(l.byKey, e.key)
-		}
-		l.unindex(e)
-		l.replays.Forget(e.key)
+// unload forgets the job jobID, if the ledger holds it. l.mu must be held.
+func (l *Ledger) unload(jobID string) {
+	if e := l.byID.get(&l.slab, jobID); e != nil {
+		l.drop(e)
 	}
 }
 
@@ -69,8 +62,8 @@ func (l *Ledger) Checkpoint(mark func() error) ([][]byte, error) {
 	if err := mark(); err != nil {
 		return nil, err
 	}
-	recs := make([][]byte, 0, len(l.byID))
-	for _, e := range l.byID {
+	recs := make([][]byte, 0, l.byID.len())
+	for e := range l.byID.all(&l.slab) {
 		if e.job != nil {
 			recs = append(recs, record.Encode(e.job))
 		} else {

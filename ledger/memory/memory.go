@@ -27,8 +27,9 @@ type Ledger struct {
 	journal Journal // nil: none
 
 	mu      sync.Mutex
-	byKey   map[string]*entry // owner hash + key hash
-	byID    map[string]*entry
+	slab    slab
+	byKey   table // by identity: owner hash + key hash
+	byID    table
 	index   index
 	replays *near.Cache // settled jobs replayed lately, decoded, by identity
 }
@@ -54,14 +55,30 @@ type Journal interface {
 // A transition that changes a settled job (a lookup marking a late attempt
 // lost, say) decodes it and stores it again.
 type entry struct {
-	key, id   string // the maps' keys, in text when they fit (newEntry)
-	expiresAt int64  // Unix nanoseconds; 0: no expiry yet
+	expiresAt int64 // Unix nanoseconds; 0: no expiry yet
 	job       *ledger.Job
 	packed    []byte        // the job's record when job is nil
 	changed   chan struct{} // made for the first waiter, closed on the next change
 	change    uint64        // the journal's number of the job's last change
+	place     uint32        // in the slab
 
-	text [112]byte // an owner and a key hash, a separator and a job id
+	// The job's identity and id, one after the other: in text when they
+	// fit, as the gateway's hashes and ids do, else in long.
+	keyLen, idLen uint32
+	long          string
+	text          [112]byte
+}
+
+// key returns the job's identity, and id its id: both read from the
+// entry, valid while it holds the job (a caller that keeps one copies it).
+func (e *entry) key() string { return e.both()[:e.keyLen] }
+func (e *entry) id() string  { return e.both()[e.keyLen:] }
+
+func (e *entry) both() string {
+	if e.long != "" {
+		return e.long
+	}
+	return unsafe.String(&e.text[0], int(e.keyLen)+int(e.idLen))
 }
 
 // load returns the entry's job, decoded when it is settled: a caller that
@@ -72,7 +89,7 @@ func (e *entry) load() (*ledger.Job, error) {
 	}
 	j, err := record.Decode(e.packed)
 	if err != nil {
-		return nil, fmt.Errorf("memory ledger: job %s: %w", e.id, err)
+		return nil, fmt.Errorf("memory ledger: job %s: %w", e.id(), err)
 	}
 	return j, nil
 }
@@ -155,8 +172,8 @@ func WithJournal(j Journal) Option {
 func New(opts ...Option) *Ledger {
 	l := &Ledger{
 		now:     time.Now,
-		byKey:   make(map[string]*entry),
-		byID:    make(map[string]*entry),
+		byKey:   newTable((*entry).key),
+		byID:    newTable((*entry).id),
 		index:   index{unsettled: make(map[*entry]struct{})},
 		replays: near.New(10000, 64<<20),
 	}
@@ -180,20 +197,18 @@ func appendIdentity(b, owner, key []byte) []byte {
 	return append(b, key...)
 }
 
-// newEntry returns the entry of job id with identity key. Both strings
-// live in the entry itself when they fit, as they do for the gateway's
-// hashes and ids: a settled job is then two objects (the entry and its
-// record) for the garbage collector to mark, however many jobs are held.
-func newEntry(key []byte, id string) *entry {
-	e := &entry{}
-	var both string
-	if n := len(key) + len(id); n > 0 && n <= len(e.text) {
+// add places a new entry for job id with identity key, and names it.
+// l.mu must be held.
+func (l *Ledger) add(key []byte, id string) *entry {
+	e := l.slab.place()
+	e.keyLen, e.idLen = uint32(len(key)), uint32(len(id))
+	if len(key)+len(id) <= len(e.text) {
 		copy(e.text[copy(e.text[:], key):], id)
-		both = unsafe.String(&e.text[0], n) // never written again
 	} else {
-		both = string(append(key[:len(key):len(key)], id...))
+		e.long = string(key) + id
 	}
-	e.key, e.id = both[:len(key)], both[len(key):]
+	l.byKey.put(&l.slab, e)
+	l.byID.put(&l.slab, e)
 	return e
 }
 
@@ -215,24 +230,22 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 	key := appendIdentity(buf[:0], p.OwnerHash, p.KeyHash)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.byKey[string(key)]
+	e := l.byKey.get(&l.slab, unsafe.String(unsafe.SliceData(key), len(key)))
 	if e != nil && e.expired(now) {
 		l.remove(e)
 		e = nil
 	}
 	if e == nil {
 		j := fsm.NewJob(*p, now)
-		e = newEntry(key, j.ID)
+		e = l.add(key, j.ID)
 		l.store(e, j)
-		l.byKey[e.key] = e
-		l.byID[e.id] = e
 		a := j.Attempts[0]
 		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, e.change, nil
 	}
 	if e.job == nil {
 		// Settled: a replay, answered from the jobs replayed lately when
 		// it is one of them.
-		if j := l.replays.Get(e.key, now); j != nil {
+		if j := l.replays.Get(e.key(), now); j != nil {
 			if r, ok := near.Answer(j, p, now); ok {
 				return r, e.change, nil
 			}
@@ -248,7 +261,7 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 		l.store(e, j)
 		e.notify()
 	case r.Outcome == ledger.Done && e.job == nil:
-		l.replays.Put(e.key, j, j.ExpiresAt)
+		l.replays.Put(strings.Clone(e.key()), j, j.ExpiresAt)
 	}
 	return r, e.change, nil
 }
@@ -256,15 +269,23 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 // remove deletes the entry, journals it and wakes its waiters; it returns
 // the journal's number of the removal. l.mu must be held.
 func (l *Ledger) remove(e *entry) uint64 {
-	delete(l.byKey, e.key)
-	delete(l.byID, e.id)
-	l.unindex(e)
-	l.replays.Forget(e.key)
-	e.notify()
+	var change uint64
 	if l.journal != nil {
-		return l.journal.Delete(e.id)
+		change = l.journal.Delete(e.id())
 	}
-	return 0
+	l.drop(e)
+	return change
+}
+
+// drop forgets the entry, without journaling it, and wakes its waiters.
+// l.mu must be held.
+func (l *Ledger) drop(e *entry) {
+	l.byKey.remove(e)
+	l.byID.remove(e)
+	l.unindex(e)
+	l.replays.Forget(e.key())
+	e.notify()
+	l.slab.release(e)
 }
 
 // update runs fn on the job under the lock, stores what fn left and wakes
@@ -284,12 +305,12 @@ func (l *Ledger) apply(jobID string, fn func(j *ledger.Job, now time.Time) error
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.byID[jobID]
+	e := l.byID.get(&l.slab, jobID)
 	if e == nil || e.expired(now) {
 		return ledger.ErrNotFound, 0, nil
 	}
 	if e.job == nil {
-		l.replays.Forget(e.key) // the copy replays read would be older
+		l.replays.Forget(e.key()) // the copy replays read would be older
 	}
 	j, err := e.load()
 	if err != nil {
@@ -333,7 +354,7 @@ func (l *Ledger) read(jobID string) (*ledger.Job, <-chan struct{}, uint64, error
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.byID[jobID]
+	e := l.byID.get(&l.slab, jobID)
 	if e == nil || e.expired(now) {
 		return nil, nil, 0, ledger.ErrNotFound
 	}
@@ -367,7 +388,7 @@ func (l *Ledger) Job(_ context.Context, jobID string) (*ledger.Job, error) {
 func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job, error) {
 	now := l.now()
 	l.mu.Lock()
-	e := l.byKey[identity(ownerHash, keyHash)]
+	e := l.byKey.get(&l.slab, identity(ownerHash, keyHash))
 	if e == nil || e.expired(now) {
 		l.mu.Unlock()
 		return nil, ledger.ErrNotFound
@@ -396,23 +417,24 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 	limit := ledger.EffectiveLimit(q.Limit)
 	now := l.now()
 	settledToo := q.State == "" || q.State == ledger.JobCompleted
-	var candidates []*entry
+	var candidates []string // ids
 	l.mu.Lock()
-	for _, e := range l.byID {
-		if (q.Before == "" || e.id < q.Before) && (settledToo || e.job != nil) {
-			candidates = append(candidates, e)
+	for e := range l.byID.all(&l.slab) {
+		if id := e.id(); (q.Before == "" || id < q.Before) && (settledToo || e.job != nil) {
+			candidates = append(candidates, strings.Clone(id))
 		}
 	}
 	l.mu.Unlock()
-	slices.SortFunc(candidates, func(a, b *entry) int { return strings.Compare(b.id, a.id) })
+	slices.SortFunc(candidates, func(a, b string) int { return strings.Compare(b, a) })
 
 	var (
 		page   ledger.JobPage
 		change uint64 // the last change of the jobs listed
 	)
 	l.mu.Lock()
-	for _, e := range candidates {
-		if l.byID[e.id] != e || e.expired(now) {
+	for _, id := range candidates {
+		e := l.byID.get(&l.slab, id)
+		if e == nil || e.expired(now) {
 			continue // removed since
 		}
 		j, err := l.current(e, now)
@@ -454,10 +476,7 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 	)
 	now := l.now()
 	l.mu.Lock()
-	for _, e := range l.due(now.UnixNano(), limit) {
-		change = max(change, l.remove(e))
-		st.Removed++
-	}
+	st.Removed, change = l.removeDue(now.UnixNano(), limit)
 	for e := range l.index.unsettled {
 		if e.expired(now) {
 			continue // removed by a later sweep
@@ -483,7 +502,7 @@ func (l *Ledger) Local() bool { return true }
 func (l *Ledger) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.byID)
+	return l.byID.len()
 }
 
 var _ ledger.Ledger = (*Ledger)(nil)

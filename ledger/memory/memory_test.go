@@ -93,7 +93,7 @@ func TestInjectedClock(t *testing.T) {
 func held(l *Ledger, jobID string) (packed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.byID[jobID]
+	e := l.byID.get(&l.slab, jobID)
 	return e.job == nil && len(e.packed) > 0
 }
 

@@ -16,8 +16,8 @@ func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, 
 	now := l.now()
 	l.mu.Lock()
 	prefix := identity(ownerHash, nil) // the owner's part of every key
-	for _, e := range l.byID {
-		if !strings.HasPrefix(e.key, prefix) {
+	for e := range l.byID.all(&l.slab) {
+		if !strings.HasPrefix(e.key(), prefix) {
 			continue
 		}
 		j, err := l.current(e, now)

@@ -28,7 +28,7 @@ func TestMemorySealed(t *testing.T) {
 		var b bytes.Buffer
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		for _, e := range m.byID {
+		for e := range m.byID.all(&m.slab) {
 			b.Write(e.packed)
 			if e.job == nil {
 				continue

@@ -1,0 +1,123 @@
+package memory
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/ledgertest"
+)
+
+// colliding returns a ledger whose identities and ids all hash alike: one
+// of each in the hashed map, the rest in the clash map.
+func colliding(t *testing.T) ledger.Ledger {
+	l := New()
+	same := func(string) uint64 { return 7 }
+	l.byKey.hash, l.byID.hash = same, same
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// The whole suite passes when every name clashes with another's hash.
+func TestMemoryHashesCollide(t *testing.T) {
+	h := ledgertest.Harness{New: colliding, Peer: func(_ *testing.T, l ledger.Ledger) ledger.Ledger { return l }}
+	ledgertest.Run(t, h)
+	ledgertest.RunPurge(t, h)
+	ledgertest.RunCounts(t, h)
+}
+
+// A removed job's place goes to the next new job, which is found by its
+// own identity and id; the removed one by neither. Identities and ids too
+// long for an entry's text are held all the same.
+func TestPlacesReused(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := New(WithClock(c.now))
+	params := func(key string) ledger.ReserveParams {
+		return ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte(key), Fingerprint: []byte("f"),
+			FingerprintVersion: 1, Retention: time.Minute, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Second}}.WithNewIDs()
+	}
+	long := strings.Repeat("k", 200)
+	var done []string
+	for _, key := range []string{"a", long} {
+		r, err := l.Reserve(ctx, params(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte(key), Size: int64(len(key)), Stored: true}); err != nil {
+			t.Fatal(err)
+		}
+		done = append(done, r.Job.ID)
+	}
+	c.advance(2 * time.Minute)
+	if st, err := l.Sweep(ctx, 100); err != nil || st.Removed != 2 {
+		t.Fatalf("sweep: %+v %v", st, err)
+	}
+	if l.slab.next != 2 || len(l.slab.free) != 2 {
+		t.Fatalf("after the sweep: %d places, %d free; want 2, 2", l.slab.next, len(l.slab.free))
+	}
+	for _, key := range []string{long, "b"} {
+		r, err := l.Reserve(ctx, params(key))
+		if err != nil || r.Outcome != ledger.Created {
+			t.Fatalf("%.8s: %v %v", key, r.Outcome, err)
+		}
+		if j, err := l.Find(ctx, []byte("o"), []byte(key)); err != nil || j.ID != r.Job.ID {
+			t.Fatalf("find %.8s: %v", key, err)
+		}
+		if j, err := l.Job(ctx, r.Job.ID); err != nil || string(j.KeyHash) != key {
+			t.Fatalf("job %.8s: %v", key, err)
+		}
+	}
+	if l.slab.next != 2 || len(l.slab.free) != 0 || l.Len() != 2 {
+		t.Fatalf("%d places, %d free, %d jobs; want 2, 0, 2", l.slab.next, len(l.slab.free), l.Len())
+	}
+	for _, id := range done {
+		if _, err := l.Job(ctx, id); err != ledger.ErrNotFound {
+			t.Errorf("removed job %s: %v", id, err)
+		}
+	}
+}
+
+// A job whose expiry came back to an earlier value (failed, re-opened,
+// failed again at the same time) has that expiry twice in the index: the
+// sweep removes it once, and frees its place once.
+func TestExpiryTwiceRemovedOnce(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := New(WithClock(c.now))
+	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"),
+		FingerprintVersion: 1, Retention: time.Minute, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Second}}
+	for range 2 {
+		r, err := l.Reserve(ctx, p.WithNewIDs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Fail(ctx, r.Attempt.Ref(), "refused", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.advance(2 * time.Minute)
+	if st, err := l.Sweep(ctx, 100); err != nil || st.Removed != 1 {
+		t.Fatalf("sweep: %+v %v", st, err)
+	}
+	var ids []string
+	for _, key := range []string{"x", "y"} {
+		q := p
+		q.KeyHash = []byte(key)
+		r, err := l.Reserve(ctx, q.WithNewIDs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Job.ID)
+	}
+	for _, id := range ids {
+		if _, err := l.Job(ctx, id); err != nil {
+			t.Errorf("job %s: %v", id, err)
+		}
+	}
+	if l.Len() != 2 || l.slab.next != 2 {
+		t.Errorf("%d jobs in %d places; want 2 in 2", l.Len(), l.slab.next)
+	}
+}
