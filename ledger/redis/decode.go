@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/onejob/onejob/ledger"
@@ -44,17 +45,6 @@ func zipFields(names []string, vals []any) map[string]string {
 				m[n] = s
 			}
 		}
-	}
-	return m
-}
-
-// flatMap reads a flat field/value array, as HGETALL returns it to Lua.
-func flatMap(vals []any) map[string]string {
-	m := make(map[string]string, len(vals)/2)
-	for i := 0; i+1 < len(vals); i += 2 {
-		k, _ := str(vals[i])
-		v, _ := str(vals[i+1])
-		m[k] = v
 	}
 	return m
 }
@@ -102,35 +92,67 @@ func decodeHeader(s string) (map[string][]string, error) {
 
 var errNoJob = errors.New("redis ledger: job hash without id")
 
-// decodeJob reads a job hash. The body is set only when m holds it.
-func decodeJob(m map[string]string) (*ledger.Job, error) {
-	if m["id"] == "" {
+// jobValues returns a job's field by its place (jfID and on, jfBody for
+// the body); ok is false where the field is absent.
+type jobValues func(place int) (v string, ok bool)
+
+// hashValues reads a job's fields from its hash, as HGETALL returns it.
+func hashValues(m map[string]string) jobValues {
+	return func(place int) (string, bool) {
+		name := "body"
+		if place < len(jobFields) {
+			name = jobFields[place]
+		}
+		v, ok := m[name]
+		return v, ok
+	}
+}
+
+// replyValues reads a job's fields from a reply that has them in
+// jobFields order (nil where absent), then perhaps the body.
+func replyValues(vals []any) jobValues {
+	return func(place int) (string, bool) {
+		if place >= len(vals) {
+			return "", false
+		}
+		return str(vals[place])
+	}
+}
+
+// decodeJob reads a job's fields. The body is set only when they hold it.
+func decodeJob(v jobValues) (*ledger.Job, error) {
+	get := func(place int) string {
+		s, _ := v(place)
+		return s
+	}
+	id := get(jfID)
+	if id == "" {
 		return nil, errNoJob
 	}
-	fpv, _ := strconv.Atoi(m["fpv"])
+	fpv, _ := strconv.Atoi(get(jfFPV))
 	j := &ledger.Job{
-		ID:                 m["id"],
-		OwnerHash:          []byte(m["owner"]),
-		KeyHash:            []byte(m["key"]),
-		Fingerprint:        []byte(m["fp"]),
+		ID:                 id,
+		OwnerHash:          []byte(get(jfOwner)),
+		KeyHash:            []byte(get(jfKey)),
+		Fingerprint:        []byte(get(jfFP)),
 		FingerprintVersion: fpv,
-		FingerprintScheme:  m["fps"],
-		State:              ledger.JobState(m["state"]),
-		Version:            int64Of(m["ver"]),
-		CompletedBy:        m["by"],
-		Retention:          time.Duration(int64Of(m["ret"])) * time.Microsecond,
-		CreatedAt:          timeOf(m["created"]),
-		CompletedAt:        timeOf(m["done"]),
-		ExpiresAt:          timeOf(m["exp"]),
+		FingerprintScheme:  get(jfFPS),
+		State:              ledger.JobState(get(jfState)),
+		Version:            int64Of(get(jfVer)),
+		CompletedBy:        get(jfBy),
+		Retention:          time.Duration(int64Of(get(jfRet))) * time.Microsecond,
+		CreatedAt:          timeOf(get(jfCreated)),
+		CompletedAt:        timeOf(get(jfDone)),
+		ExpiresAt:          timeOf(get(jfExp)),
 	}
-	if status, ok := m["status"]; ok {
-		h, err := decodeHeader(m["hdr"])
+	if status, ok := v(jfStatus); ok {
+		h, err := decodeHeader(get(jfHdr))
 		if err != nil {
 			return nil, err
 		}
 		st, _ := strconv.Atoi(status)
-		r := &ledger.Response{Status: st, Header: h, Size: int64Of(m["size"]), Stored: m["stored"] == "1"}
-		if body, ok := m["body"]; ok && r.Stored {
+		r := &ledger.Response{Status: st, Header: h, Size: int64Of(get(jfSize)), Stored: get(jfStored) == "1"}
+		if body, ok := v(jfBody); ok && r.Stored {
 			r.Body = []byte(body)
 		}
 		j.Response = r
@@ -138,40 +160,78 @@ func decodeJob(m map[string]string) (*ledger.Job, error) {
 	return j, nil
 }
 
-// decodeAttempts reads the attempts hash of job j, oldest first.
-func decodeAttempts(j *ledger.Job, m map[string]string, count int) {
-	j.Attempts = make([]ledger.Attempt, 0, count)
-	for n := 1; n <= count; n++ {
-		p := strconv.Itoa(n) + ":"
-		if _, ok := m[p+"id"]; ok {
-			j.Attempts = append(j.Attempts, decodeAttempt(j.ID, n, func(name string) string { return m[p+name] }))
+// attemptRows gathers the fields of a job's attempts, numbered from 1,
+// each at its place in attemptFields, from the attempts hash's
+// "<number>:<name>" fields.
+type attemptRows [][afCount]string
+
+// attemptPlaces finds a field's place in attemptFields by its name.
+var attemptPlaces = func() map[string]int {
+	m := make(map[string]int, len(attemptFields))
+	for i, f := range attemptFields {
+		m[f] = i
+	}
+	return m
+}()
+
+// set records field "<number>:<name>" of the attempts hash; a field of no
+// attempt numbered here, or of no name known, is left out.
+func (r attemptRows) set(field, value string) {
+	c := strings.IndexByte(field, ':')
+	if c < 0 {
+		return
+	}
+	n, err := strconv.Atoi(field[:c])
+	if err != nil || n < 1 || n > len(r) {
+		return
+	}
+	if place, ok := attemptPlaces[field[c+1:]]; ok {
+		r[n-1][place] = value
+	}
+}
+
+// decode sets the job's attempts, oldest first: those that have an id.
+func (r attemptRows) decode(j *ledger.Job) {
+	j.Attempts = make([]ledger.Attempt, 0, len(r))
+	for i := range r {
+		if r[i][afID] != "" {
+			j.Attempts = append(j.Attempts, decodeAttempt(j.ID, i+1, &r[i]))
 		}
 	}
 }
 
-// decodeAttempt reads attempt n of job jobID from its fields, named as in
-// attemptFields.
-func decodeAttempt(jobID string, n int, field func(name string) string) ledger.Attempt {
+// decodeAttempts reads the attempts hash of job j (HGETALL), which has
+// count attempts.
+func decodeAttempts(j *ledger.Job, m map[string]string, count int) {
+	r := make(attemptRows, count)
+	for k, v := range m {
+		r.set(k, v)
+	}
+	r.decode(j)
+}
+
+// decodeAttempt reads attempt n of job jobID from its fields.
+func decodeAttempt(jobID string, n int, f *[afCount]string) ledger.Attempt {
 	return ledger.Attempt{
-		ID:         field("id"),
+		ID:         f[afID],
 		JobID:      jobID,
 		Number:     n,
-		Provider:   field("p"),
-		State:      ledger.AttemptState(field("s")),
-		JobVersion: int64Of(field("v")),
-		StartedAt:  timeOf(field("t0")),
-		Deadline:   timeOf(field("dl")),
-		FinishedAt: timeOf(field("t1")),
-		Error:      field("e"),
-		Resend:     field("rs") == "1",
+		Provider:   f[afP],
+		State:      ledger.AttemptState(f[afS]),
+		JobVersion: int64Of(f[afV]),
+		StartedAt:  timeOf(f[afT0]),
+		Deadline:   timeOf(f[afDL]),
+		FinishedAt: timeOf(f[afT1]),
+		Error:      f[afE],
+		Resend:     f[afRS] == "1",
 		Lookup: ledger.Lookup{
-			Tries:      int(int64Of(field("lt"))),
-			LastStatus: int(int64Of(field("ls"))),
-			LastAt:     timeOf(field("la")),
-			NextAt:     timeOf(field("ln")),
-			Settled:    field("ld") == "1",
-			Holder:     field("lh"),
-			Until:      timeOf(field("lu")),
+			Tries:      int(int64Of(f[afLT])),
+			LastStatus: int(int64Of(f[afLS])),
+			LastAt:     timeOf(f[afLA]),
+			NextAt:     timeOf(f[afLN]),
+			Settled:    f[afLD] == "1",
+			Holder:     f[afLH],
+			Until:      timeOf(f[afLU]),
 		}.OrNil(),
 	}
 }
@@ -188,11 +248,14 @@ func scriptAttempt(what, jobID string, v any) (*ledger.Attempt, error) {
 	if err != nil {
 		return nil, errReply(what, vals[0])
 	}
-	m := zipFields(attemptFields, vals[1:])
-	if _, ok := m["id"]; !ok {
+	var f [afCount]string
+	for i, x := range vals[1:min(len(vals), afCount+1)] {
+		f[i], _ = str(x)
+	}
+	if f[afID] == "" {
 		return nil, fmt.Errorf("redis ledger: %s: attempt %d missing", what, n)
 	}
-	a := decodeAttempt(jobID, n, func(name string) string { return m[name] })
+	a := decodeAttempt(jobID, n, &f)
 	return &a, nil
 }
 
@@ -204,12 +267,8 @@ func scriptJob(what string, fields, attempts any) (*ledger.Job, error) {
 	if !ok {
 		return nil, errReply(what, fields)
 	}
-	names := jobFields
-	if len(vals) > len(jobFields) {
-		names = append(jobFields[:len(jobFields):len(jobFields)], "body")
-	}
-	m := zipFields(names, vals)
-	j, err := decodeJob(m)
+	v := replyValues(vals)
+	j, err := decodeJob(v)
 	if err != nil {
 		return nil, err
 	}
@@ -217,8 +276,15 @@ func scriptJob(what string, fields, attempts any) (*ledger.Job, error) {
 	if !ok {
 		return nil, errReply(what, attempts)
 	}
-	n, _ := strconv.Atoi(m["n"])
-	decodeAttempts(j, flatMap(flat), n)
+	n, _ := v(jfN)
+	count, _ := strconv.Atoi(n)
+	r := make(attemptRows, count)
+	for i := 0; i+1 < len(flat); i += 2 {
+		k, _ := str(flat[i])
+		v, _ := str(flat[i+1])
+		r.set(k, v)
+	}
+	r.decode(j)
 	return j, nil
 }
 

@@ -41,7 +41,7 @@ func (l *Ledger) load(ctx context.Context, jobID string) (*ledger.Job, time.Time
 	if len(m) == 0 {
 		return nil, now, ledger.ErrNotFound
 	}
-	j, err := decodeJob(m)
+	j, err := decodeJob(hashValues(m))
 	if err != nil {
 		return nil, now, err
 	}
@@ -192,19 +192,20 @@ func (l *Ledger) loadBucket(ctx context.Context, bp string, refs []idRef, idx []
 	}
 	now := tc.Val()
 	for k, i := range idx {
-		m := zipFields(jobFields, jcs[k].Val())
-		if m["id"] == "" {
+		v := replyValues(jcs[k].Val())
+		if id, _ := v(jfID); id == "" {
 			continue // expired by TTL, not yet swept from the index
 		}
-		j, err := decodeJob(m)
+		j, err := decodeJob(v)
 		if err != nil {
 			return err
 		}
 		if j.Expired(now) {
 			continue
 		}
-		n, _ := strconv.Atoi(m["n"])
-		decodeAttempts(j, acs[k].Val(), n)
+		n, _ := v(jfN)
+		count, _ := strconv.Atoi(n)
+		decodeAttempts(j, acs[k].Val(), count)
 		fsm.ApplyLeases(j, now)
 		read[i] = j
 	}

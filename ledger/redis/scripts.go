@@ -13,18 +13,69 @@ import (
 //go:embed scripts/*.lua
 var luaFiles embed.FS
 
-// jobFields are the job hash's fields that scripts return and listings read,
-// in this order; the body is read only where needed.
+// The places of the job hash's fields in jobFields, the order in which
+// scripts return them and listings read them; a reply that carries the
+// body has it after them (jfBody), as it is read only where needed.
+const (
+	jfID = iota
+	jfOwner
+	jfKey
+	jfIdent
+	jfFP
+	jfFPV
+	jfFPS
+	jfState
+	jfVer
+	jfBy
+	jfRet
+	jfCreated
+	jfDone
+	jfExp
+	jfN
+	jfStatus
+	jfHdr
+	jfSize
+	jfStored
+	jfBody
+)
+
+// jobFields names the job hash's fields, each at its place.
 var jobFields = []string{
-	"id", "owner", "key", "ident", "fp", "fpv", "fps", "state", "ver", "by", "ret",
-	"created", "done", "exp", "n", "status", "hdr", "size", "stored",
+	jfID: "id", jfOwner: "owner", jfKey: "key", jfIdent: "ident", jfFP: "fp", jfFPV: "fpv", jfFPS: "fps",
+	jfState: "state", jfVer: "ver", jfBy: "by", jfRet: "ret", jfCreated: "created", jfDone: "done", jfExp: "exp",
+	jfN: "n", jfStatus: "status", jfHdr: "hdr", jfSize: "size", jfStored: "stored",
 }
 
-// attemptFields are the names of an attempt's fields in the attempts hash
-// ("<number>:<name>"), in the order scripts return one attempt; the
-// fields from lt on record the reconciler's lookups (lookup.lua), and only
-// an attempt a lookup touched has them.
-var attemptFields = []string{"id", "p", "s", "v", "t0", "dl", "t1", "e", "rs", "lt", "ls", "la", "ln", "ld", "lh", "lu"}
+// The places of an attempt's fields in attemptFields, the order in which
+// scripts return one attempt; the fields from afLT on record the
+// reconciler's lookups (lookup.lua), and only an attempt a lookup touched
+// has them.
+const (
+	afID = iota
+	afP
+	afS
+	afV
+	afT0
+	afDL
+	afT1
+	afE
+	afRS
+	afLT
+	afLS
+	afLA
+	afLN
+	afLD
+	afLH
+	afLU
+	afCount
+)
+
+// attemptFields names an attempt's fields in the attempts hash
+// ("<number>:<name>"), each at its place.
+var attemptFields = []string{
+	afID: "id", afP: "p", afS: "s", afV: "v", afT0: "t0", afDL: "dl", afT1: "t1", afE: "e", afRS: "rs",
+	afLT: "lt", afLS: "ls", afLA: "la", afLN: "ln", afLD: "ld", afLH: "lh", afLU: "lu",
+}
 
 // script is a Lua script with its source, which preload sends.
 type script struct {
