@@ -13,7 +13,8 @@
 # runs, the rest storing a million jobs in each; -sweep "" skips it,
 # -only sweep runs it alone); then 10,000 clients waiting on one key
 # (memory and PostgreSQL ledgers, beside plain Caddy answering as many
-# requests fired at once), and a 5-minute memory soak. Installs wrk from
+# requests fired at once, and holding half as many proxied requests in
+# flight), and a 5-minute memory soak. Installs wrk from
 # Debian packages when missing; starts throwaway PostgreSQL, Redis and
 # Redis Cluster servers (see ../services.sh). About 28 minutes.
 #

@@ -29,13 +29,19 @@ func benchWaiters(cfg config, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nplain Caddy respond, %d requests fired at once on open connections: median answered after %.1f ms, the last after %.1f ms\n",
 		cfg.waiters, ms(percentile(base, 0.5)), ms(base[len(base)-1]))
+	// Half as many: the bench holds both ends of the upstream's
+	// connections too, within its limit of open files.
+	held, err := heldPlain(cfg, w, max(cfg.waiters/2, 1))
+	if err != nil {
+		return err
+	}
 	ledgers := []struct{ name, line string }{{"memory", "ledger memory"}}
 	if cfg.postgres != "" {
 		ledgers = append(ledgers, struct{ name, line string }{"postgres",
 			"ledger postgres " + withParam(cfg.postgres, "pool_max_conns", strconv.Itoa(cfg.connections)) + " bench"})
 	}
 	for _, l := range ledgers {
-		if err := waitersOn(cfg, w, l.name, l.line, base[len(base)-1]); err != nil {
+		if err := waitersOn(cfg, w, l.name, l.line, base[len(base)-1], held); err != nil {
 			return fmt.Errorf("waiters on %s: %v", l.name, err)
 		}
 	}
@@ -118,27 +124,16 @@ func burstPlain(cfg config) ([]time.Duration, error) {
 // waitersOn holds cfg.waiters clients on one in-flight key with the ledger
 // of the line, then lets the attempt finish, and reports the gateway's RSS,
 // the time from the upstream's answer to each client's, compared with
-// plain Caddy's last answer of the burst (base), and the reads of the job
-// the ledger made for the waiters.
-func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration) error {
-	release := make(chan struct{})
-	var answered atomic.Int64 // UnixNano when the upstream sent its answer
-	var reached atomic.Int64
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// plain Caddy's last answer of the burst (base), with the memory per
+// waiter beside what plain Caddy holds per proxied request in flight
+// (held, bytes), and the reads of the job the ledger made for the waiters.
+func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration, held float64) error {
+	up, err := newHolder()
 	if err != nil {
 		return err
 	}
-	defer l.Close()
-	go http.Serve(l, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		reached.Add(1)
-		<-release
-		// Stamped before the answer leaves (a flush would make it a stream).
-		answered.Store(time.Now().UnixNano())
-		rw.Header().Set("Content-Type", "application/json")
-		io.WriteString(rw, answer)
-	}))
-	site := "\tidempotency {\n\t\t" + line + "\n\t\tattempt_timeout 2m\n\t\tin_flight wait 2m\n\t}\n\treverse_proxy " + l.Addr().String() + "\n"
+	defer up.close()
+	site := "\tidempotency {\n\t\t" + line + "\n\t\tattempt_timeout 2m\n\t\tin_flight wait 2m\n\t}\n\treverse_proxy " + up.addr() + "\n"
 	srv, err := startServer(cfg, cfg.gateway, "waiters-"+name, "\tmetrics\n", site)
 	if err != nil {
 		return err
@@ -175,8 +170,8 @@ func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration) e
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); send(0) }()
-	if err := until(30*time.Second, func() bool { return reached.Load() == 1 }); err != nil {
-		close(release)
+	if err := until(30*time.Second, func() bool { return up.reached.Load() == 1 }); err != nil {
+		close(up.release)
 		return fmt.Errorf("waiters: the first request never reached the upstream")
 	}
 	// The others connect in batches, so the listen queue never overflows.
@@ -210,16 +205,16 @@ func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration) e
 			}
 		}
 	}
-	close(release)
+	close(up.release)
 	wg.Wait()
 	if err != nil {
 		return fmt.Errorf("waiters: only %.0f of %d requests reached the gateway", metric(srv.admin, "caddy_http_requests_in_flight"), cfg.waiters)
 	}
-	if n := reached.Load(); n != 1 {
+	if n := up.reached.Load(); n != 1 {
 		return fmt.Errorf("waiters: %d requests reached the upstream, want 1", n)
 	}
 	readsAfter, _ := metricSeen(srv.admin, waitReads)
-	done := time.Unix(0, answered.Load())
+	done := time.Unix(0, up.answered.Load())
 	var last time.Duration
 	var lags []time.Duration
 	for i, o := range outcomes {
@@ -239,9 +234,9 @@ func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration) e
 	if perWaiter > perWaiterTarget {
 		memVerdict = "MISSED"
 	}
-	fmt.Fprintf(w, "  RSS: %.1f MiB idle, %.1f MiB holding them, %.1f MiB peak: %.1f KiB per waiter (target <= %d KiB: %s)\n",
+	fmt.Fprintf(w, "  RSS: %.1f MiB idle, %.1f MiB holding them, %.1f MiB peak: %.1f KiB per waiter (target <= %d KiB: %s), %.2fx what plain Caddy holds per proxied request\n",
 		float64(rssBefore)/(1<<20), float64(holding)/(1<<20), float64(srv.peakRSS())/(1<<20),
-		perWaiter/(1<<10), perWaiterTarget>>10, memVerdict)
+		perWaiter/(1<<10), perWaiterTarget>>10, memVerdict, perWaiter/held)
 	fmt.Fprintf(w, "  holding them: %.1f MiB of goroutine stacks, %.1f MiB of heap\n", stacks/(1<<20), heap/(1<<20))
 	verdict := "met"
 	if float64(last) > 1.5*float64(base) {
@@ -259,6 +254,96 @@ func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration) e
 			readsGathering, after, verdict)
 	}
 	return nil
+}
+
+// holder is an upstream that holds every request until release is
+// closed, then answers it.
+type holder struct {
+	l        net.Listener
+	release  chan struct{}
+	reached  atomic.Int64 // requests that reached it
+	answered atomic.Int64 // UnixNano when it last sent an answer
+}
+
+func newHolder() (*holder, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	h := &holder{l: l, release: make(chan struct{})}
+	go http.Serve(l, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h.reached.Add(1)
+		<-h.release
+		// Stamped before the answer leaves (a flush would make it a stream).
+		h.answered.Store(time.Now().UnixNano())
+		rw.Header().Set("Content-Type", "application/json")
+		io.WriteString(rw, answer)
+	}))
+	return h, nil
+}
+
+func (h *holder) addr() string { return h.l.Addr().String() }
+func (h *holder) close()       { h.l.Close() }
+
+// heldPlain has plain Caddy's reverse_proxy hold n requests in flight, each
+// from a connection of its own, to an upstream that answers once they are
+// all there, and reports what holding one cost it: the baseline of a
+// waiter's memory (a waiter holds its client's connection and request, but
+// no upstream connection).
+func heldPlain(cfg config, w io.Writer, n int) (perRequest float64, err error) {
+	up, err := newHolder()
+	if err != nil {
+		return 0, err
+	}
+	defer up.close()
+	srv, err := startServer(cfg, cfg.plain, "held", "", "\treverse_proxy "+up.addr()+"\n")
+	if err != nil {
+		return 0, err
+	}
+	defer srv.stop()
+	idle := srv.rss()
+	tr := &http.Transport{MaxIdleConnsPerHost: n, ResponseHeaderTimeout: 3 * time.Minute}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 3 * time.Minute}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Post(srv.url+"/charges", "application/json", strings.NewReader(`{"amount":4200,"currency":"eur"}`))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && (resp.StatusCode != http.StatusOK || string(body) != answer) {
+				err = fmt.Errorf("%d %q", resp.StatusCode, body)
+			}
+			errs[i] = err
+		}()
+		if i%500 == 499 { // in batches, so the listen queue never overflows
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	err = until(2*time.Minute, func() bool { return up.reached.Load() == int64(n) })
+	holding := srv.rss()
+	close(up.release)
+	wg.Wait()
+	if err != nil {
+		return 0, fmt.Errorf("plain held: %d of %d requests reached the upstream", up.reached.Load(), n)
+	}
+	for i, err := range errs {
+		if err != nil {
+			return 0, fmt.Errorf("plain held: client %d: %v", i, err)
+		}
+	}
+	perRequest = float64(holding-idle) / float64(n)
+	fmt.Fprintf(w, "plain Caddy reverse_proxy holding %d requests in flight: RSS %.1f MiB idle, %.1f MiB holding them: %.1f KiB per request\n",
+		n, float64(idle)/(1<<20), float64(holding)/(1<<20), perRequest/(1<<10))
+	return perRequest, nil
 }
 
 // waitReads is the metric of the reads a ledger made for its waiters.
