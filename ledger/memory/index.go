@@ -2,6 +2,7 @@ package memory
 
 import (
 	"container/heap"
+	"slices"
 
 	"github.com/onejob/onejob/ledger"
 )
@@ -68,10 +69,53 @@ func (l *Ledger) removeDue(now int64, limit int) (removed int, change uint64) {
 	h := &l.index.expiry
 	for h.Len() > 0 && (*h)[0].at <= now && removed < limit {
 		x := heap.Pop(h).(expiring)
+		if !l.slab.held(x.place) {
+			continue // a place the slab gave up (shrink)
+		}
 		if e := l.slab.at(x.place); e.expiresAt == x.at {
 			change = max(change, l.remove(e))
 			removed++
 		}
 	}
 	return removed, change
+}
+
+// shrink moves the entries past the whole chunks that the entries held
+// need into free places before them, and gives up the chunks left empty:
+// after a burst of jobs has expired, the slab holds about as many places
+// as jobs. An entry moved is named and indexed at its new place; the
+// expiry index's entries for the old places are dropped when they come
+// up. l.mu must be held.
+func (l *Ledger) shrink() {
+	s := &l.slab
+	held := s.next - uint32(len(s.free))
+	keep := (held + chunkEntries - 1) / chunkEntries * chunkEntries
+	var holes []uint32 // free places before keep
+	for _, n := range s.free {
+		if n < keep {
+			holes = append(holes, n)
+		}
+	}
+	for n := keep; n < s.next; n++ {
+		if !s.held(n) {
+			continue
+		}
+		hole := holes[len(holes)-1]
+		holes = holes[:len(holes)-1]
+		from, to := s.at(n), s.at(hole)
+		*to = *from
+		to.place = hole
+		l.byKey.put(s, to)
+		l.byID.put(s, to)
+		if _, ok := l.index.unsettled[from]; ok {
+			delete(l.index.unsettled, from)
+			l.index.unsettled[to] = struct{}{}
+		}
+		if to.expiresAt != 0 {
+			heap.Push(&l.index.expiry, expiring{at: to.expiresAt, place: to.place})
+		}
+		*from = entry{}
+	}
+	s.chunks = slices.Clip(s.chunks[:keep/chunkEntries])
+	s.next, s.free = keep, holes
 }

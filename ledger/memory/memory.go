@@ -477,6 +477,9 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 	now := l.now()
 	l.mu.Lock()
 	st.Removed, change = l.removeDue(now.UnixNano(), limit)
+	if l.slab.sparse() {
+		l.shrink()
+	}
 	for e := range l.index.unsettled {
 		if e.expired(now) {
 			continue // removed by a later sweep

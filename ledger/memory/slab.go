@@ -53,6 +53,17 @@ func (s *slab) release(e *entry) {
 	s.free = append(s.free, n)
 }
 
+// held reports whether the place holds an entry: an entry's identity is
+// never empty (it holds at least the separator of owner and key).
+func (s *slab) held(n uint32) bool { return n < s.next && s.at(n).keyLen > 0 }
+
+// sparse reports whether the slab has a chunk's worth of free places and
+// as many free as held: time to shrink it (Ledger.shrink).
+func (s *slab) sparse() bool {
+	free := uint32(len(s.free))
+	return free >= chunkEntries && 2*free >= s.next
+}
+
 // table finds an entry by a string of its own (its identity, or its id) by
 // the string's 64-bit hash, and checks that the entry holds that string; a
 // string whose hash another entry's string already has (rare: the hash is

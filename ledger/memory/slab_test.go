@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +120,78 @@ func TestExpiryTwiceRemovedOnce(t *testing.T) {
 	}
 	if l.Len() != 2 || l.slab.next != 2 {
 		t.Errorf("%d jobs in %d places; want 2 in 2", l.Len(), l.slab.next)
+	}
+}
+
+// After a burst of jobs expires, the sweep gives up the slab's chunks it
+// no longer needs, moving the jobs held past them: each is still found by
+// its identity and id, listed, swept when it expires, and an attempt in
+// flight among them still has its lease run out.
+func TestSlabShrinks(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := New(WithClock(c.now))
+	params := func(key string, retention time.Duration) ledger.ReserveParams {
+		return ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte(key), Fingerprint: []byte("f"),
+			FingerprintVersion: 1, Retention: retention, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}.WithNewIDs()
+	}
+	complete := func(key string, retention time.Duration) string {
+		r, err := l.Reserve(ctx, params(key, retention))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte(key), Size: int64(len(key)), Stored: true}); err != nil {
+			t.Fatal(err)
+		}
+		return r.Job.ID
+	}
+	const burst = 3*chunkEntries + 10
+	for i := range burst {
+		complete("burst-"+strconv.Itoa(i), time.Minute)
+	}
+	kept := map[string]string{} // key: job id
+	for i := range 5 {
+		key := "kept-" + strconv.Itoa(i)
+		kept[key] = complete(key, 2*time.Hour)
+	}
+	inFlight, err := l.Reserve(ctx, params("in-flight", time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.slab.chunks) != 4 {
+		t.Fatalf("%d chunks for %d jobs", len(l.slab.chunks), burst+6)
+	}
+	c.advance(2 * time.Minute)
+	if st, err := l.Sweep(ctx, 2*burst); err != nil || st.Removed != burst {
+		t.Fatalf("sweep: %+v %v", st, err)
+	}
+	if len(l.slab.chunks) != 1 || l.slab.next != chunkEntries || l.Len() != 6 {
+		t.Fatalf("after the burst expired: %d chunks, %d places, %d jobs; want 1, %d, 6", len(l.slab.chunks), l.slab.next, l.Len(), chunkEntries)
+	}
+	for key, id := range kept {
+		j, err := l.Find(ctx, []byte("o"), []byte(key))
+		if err != nil || j.ID != id || string(j.Response.Body) != key {
+			t.Fatalf("find %s: %v %+v", key, err, j)
+		}
+		if j, err := l.Job(ctx, id); err != nil || string(j.KeyHash) != key {
+			t.Fatalf("job %s: %v", key, err)
+		}
+		if again, err := l.Reserve(ctx, params(key, time.Hour)); err != nil || again.Outcome != ledger.Done || again.Job.ID != id {
+			t.Fatalf("replay %s: %v %+v", key, err, again)
+		}
+	}
+	if page, err := l.Jobs(ctx, ledger.JobQuery{}); err != nil || len(page.Jobs) != 6 {
+		t.Fatalf("listing: %v, %d jobs", err, len(page.Jobs))
+	}
+	c.advance(time.Hour - time.Minute) // past the lease, before the kept jobs' retention
+	if st, err := l.Sweep(ctx, 100); err != nil || st.Unknown != 1 || st.Removed != 0 {
+		t.Fatalf("the lease: %+v %v", st, err)
+	}
+	if j, err := l.Job(ctx, inFlight.Job.ID); err != nil || j.State != ledger.JobUnknown {
+		t.Fatalf("in flight: %v %+v", err, j)
+	}
+	c.advance(time.Hour)
+	if st, err := l.Sweep(ctx, 100); err != nil || st.Removed != 5 {
+		t.Fatalf("the kept jobs' expiry: %+v %v", st, err)
 	}
 }
