@@ -127,10 +127,21 @@ func TestExpiryTwiceRemovedOnce(t *testing.T) {
 // no longer needs, moving the jobs held past them: each is still found by
 // its identity and id, listed, swept when it expires, and an attempt in
 // flight among them still has its lease run out.
+// With every hash the same, the jobs moved keep their names too, whether
+// they were in the hashed map or among the clashes.
 func TestSlabShrinks(t *testing.T) {
+	t.Run("Hashed", func(t *testing.T) { testSlabShrinks(t, false) })
+	t.Run("Colliding", func(t *testing.T) { testSlabShrinks(t, true) })
+}
+
+func testSlabShrinks(t *testing.T, collide bool) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	l := New(WithClock(c.now))
+	if collide {
+		same := func(string) uint64 { return 7 }
+		l.byKey.hash, l.byID.hash = same, same
+	}
 	params := func(key string, retention time.Duration) ledger.ReserveParams {
 		return ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte(key), Fingerprint: []byte("f"),
 			FingerprintVersion: 1, Retention: retention, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}.WithNewIDs()
