@@ -12,7 +12,7 @@ import (
 // maps from a job's identity and id to its entry hold numbers, which the
 // collector does not scan. With the entries as objects of their own and
 // the maps holding strings and pointers, a collection with 200,000 jobs
-// held took four times as long (BenchmarkHeldJobsGC).
+// held took about three times as long (BenchmarkHeldJobsGC).
 
 // chunkEntries is the number of entries in a chunk.
 const chunkEntries = 1024
