@@ -59,18 +59,7 @@ func burstPlain(cfg config) ([]time.Duration, error) {
 	}
 	defer srv.stop()
 	clients := make([]*http.Client, cfg.waiters)
-	send := func(c *http.Client) error {
-		resp, err := c.Post(srv.url+"/charges", "application/json", strings.NewReader(`{"amount":4200,"currency":"eur"}`))
-		if err != nil {
-			return err
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err == nil && (resp.StatusCode != http.StatusOK || string(body) != answer) {
-			err = fmt.Errorf("%d %q", resp.StatusCode, body)
-		}
-		return err
-	}
+	send := func(c *http.Client) error { return charge(c, srv.url) }
 	// The connections open in batches, so the listen queue never
 	// overflows; each then waits idle in its client's pool.
 	for i := range clients {
@@ -256,6 +245,21 @@ func waitersOn(cfg config, w io.Writer, name, line string, base time.Duration, h
 	return nil
 }
 
+// charge posts a charge, without an idempotency key, to the server at url
+// and checks that the upstream's answer came back.
+func charge(c *http.Client, url string) error {
+	resp, err := c.Post(url+"/charges", "application/json", strings.NewReader(`{"amount":4200,"currency":"eur"}`))
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil && (resp.StatusCode != http.StatusOK || string(body) != answer) {
+		err = fmt.Errorf("%d %q", resp.StatusCode, body)
+	}
+	return err
+}
+
 // holder is an upstream that holds every request until release is
 // closed, then answers it.
 type holder struct {
@@ -310,20 +314,7 @@ func heldPlain(cfg config, w io.Writer, n int) (perRequest float64, err error) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := client.Post(srv.url+"/charges", "application/json", strings.NewReader(`{"amount":4200,"currency":"eur"}`))
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			body, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if err == nil && (resp.StatusCode != http.StatusOK || string(body) != answer) {
-				err = fmt.Errorf("%d %q", resp.StatusCode, body)
-			}
-			errs[i] = err
-		}()
+		go func() { defer wg.Done(); errs[i] = charge(client, srv.url) }()
 		if i%500 == 499 { // in batches, so the listen queue never overflows
 			time.Sleep(50 * time.Millisecond)
 		}

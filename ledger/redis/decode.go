@@ -200,12 +200,19 @@ func (r attemptRows) decode(j *ledger.Job) {
 	}
 }
 
-// decodeAttempts reads the attempts hash of job j (HGETALL), which has
-// count attempts.
-func decodeAttempts(j *ledger.Job, m map[string]string, count int) {
-	r := make(attemptRows, count)
-	for k, v := range m {
-		r.set(k, v)
+// rowsFor returns the rows of the attempts a job's fields count (n).
+func rowsFor(v jobValues) attemptRows {
+	n, _ := v(jfN)
+	count, _ := strconv.Atoi(n)
+	return make(attemptRows, count)
+}
+
+// decodeAttempts reads the attempts hash m (HGETALL) of job j, whose fields
+// are v.
+func decodeAttempts(j *ledger.Job, v jobValues, m map[string]string) {
+	r := rowsFor(v)
+	for k, x := range m {
+		r.set(k, x)
 	}
 	r.decode(j)
 }
@@ -276,9 +283,7 @@ func scriptJob(what string, fields, attempts any) (*ledger.Job, error) {
 	if !ok {
 		return nil, errReply(what, attempts)
 	}
-	n, _ := v(jfN)
-	count, _ := strconv.Atoi(n)
-	r := make(attemptRows, count)
+	r := rowsFor(v)
 	for i := 0; i+1 < len(flat); i += 2 {
 		k, _ := str(flat[i])
 		v, _ := str(flat[i+1])

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,15 +40,15 @@ func (l *Ledger) load(ctx context.Context, jobID string) (*ledger.Job, time.Time
 	if len(m) == 0 {
 		return nil, now, ledger.ErrNotFound
 	}
-	j, err := decodeJob(hashValues(m))
+	v := hashValues(m)
+	j, err := decodeJob(v)
 	if err != nil {
 		return nil, now, err
 	}
 	if j.Expired(now) {
 		return nil, now, ledger.ErrNotFound
 	}
-	n, _ := strconv.Atoi(m["n"])
-	decodeAttempts(j, ac.Val(), n)
+	decodeAttempts(j, v, ac.Val())
 	fsm.ApplyLeases(j, now)
 	return j, now, nil
 }
@@ -203,9 +202,7 @@ func (l *Ledger) loadBucket(ctx context.Context, bp string, refs []idRef, idx []
 		if j.Expired(now) {
 			continue
 		}
-		n, _ := v(jfN)
-		count, _ := strconv.Atoi(n)
-		decodeAttempts(j, acs[k].Val(), count)
+		decodeAttempts(j, v, acs[k].Val())
 		fsm.ApplyLeases(j, now)
 		read[i] = j
 	}
