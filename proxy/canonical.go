@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -32,7 +33,9 @@ func CanonicalJSON(body []byte) ([]byte, bool) {
 	if !utf8.Valid(body) || loneSurrogate(body) {
 		return nil, false
 	}
-	p := canonParser{in: body, out: make([]byte, 0, len(body))}
+	p := canonParsers.Get().(*canonParser)
+	defer p.release()
+	p.in, p.out = body, make([]byte, 0, len(body))
 	p.space()
 	if !p.value(0) {
 		return nil, false
@@ -42,6 +45,23 @@ func CanonicalJSON(body []byte) ([]byte, bool) {
 		return nil, false // trailing data
 	}
 	return p.out, true
+}
+
+// canonParsers keep parsers whose stacks have grown, for the next
+// document: a parser on the stack would not stay there (its methods
+// recurse), and growing its stacks anew allocated more than the
+// canonical form itself.
+var canonParsers = sync.Pool{New: func() any { return new(canonParser) }}
+
+// release empties p and puts it back in canonParsers, unless a large
+// document left it holding more than a usual one needs.
+func (p *canonParser) release() {
+	const keep = 64 << 10
+	if cap(p.keys)+cap(p.scratch) > keep || cap(p.members) > keep/32 {
+		return
+	}
+	*p = canonParser{keys: p.keys[:0], members: p.members[:0], scratch: p.scratch[:0]}
+	canonParsers.Put(p)
 }
 
 // maxDepth bounds the nesting of a document that is canonicalized (the
@@ -365,7 +385,10 @@ func (p *canonParser) sortMembers(ms []member) bool {
 	if sorted {
 		return true
 	}
-	order := slices.Clone(ms)
+	// The members in key order go after the object's own on the members
+	// stack, which holds nothing past them.
+	p.members = append(p.members, ms...)
+	order := p.members[len(p.members)-len(ms):]
 	slices.SortFunc(order, func(a, b member) int { return bytes.Compare(key(a), key(b)) })
 	for i := 1; i < len(order); i++ {
 		if bytes.Equal(key(order[i-1]), key(order[i])) {
