@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // JobState is the state of a job (docs/contract.md, section 1).
@@ -188,17 +186,6 @@ type Response struct {
 	// Stored is false when the body was too large or cut short: the job is
 	// completed but cannot be replayed.
 	Stored bool
-}
-
-func init() {
-	// Ids are made twice for every request, replays included: draw their
-	// random bits from crypto/rand in batches rather than one read each.
-	uuid.EnableRandPool()
-}
-
-// NewID returns a new UUIDv7 string: ids sort by creation time.
-func NewID() string {
-	return uuid.Must(uuid.NewV7()).String()
 }
 
 // Clone returns a copy of the job that shares its read-only response.
