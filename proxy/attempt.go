@@ -779,6 +779,9 @@ func asError(p any) error {
 }
 
 func isTimeout(err error) bool {
+	if err == nil {
+		return false // before t, which errors.As makes escape: an allocation
+	}
 	var t interface{ Timeout() bool }
 	return errors.As(err, &t) && t.Timeout()
 }
