@@ -58,7 +58,8 @@ func (m *MemoryLedger) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return unmarshalSettings(d, "ledger memory")
 }
 
-// FileLedger keeps jobs in one local file (bbolt): durable across restarts
+// FileLedger keeps jobs in a local directory (a log of changes with one
+// fdatasync per group of writes, and snapshots): durable across restarts
 // with no server to run, for one gateway on one machine. The default.
 type FileLedger struct {
 	// Path of the ledger's directory (a bbolt file of the earlier
@@ -89,6 +90,7 @@ func (f *FileLedger) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("file ledger: %w", err)
 	}
+	flushProcs(ctx.Logger())
 	return f.Open(ctx, "file\x00"+abs, func() (ledger.Ledger, error) {
 		return file.Open(abs, file.Options{Timeout: 10 * time.Second})
 	})
