@@ -18,9 +18,9 @@ import (
 func NewID() string {
 	var u [16]byte
 	t := nextIDTime()
-	// 48 bits of milliseconds, the version, 12 bits of the millisecond's
-	// fraction (RFC 9562's method 3: increased by one when the clock has
-	// not moved on).
+	// 48 bits of milliseconds, the version, then 12 bits of the
+	// millisecond's fraction (RFC 9562, section 6.2, method 3), one more
+	// than the last id's when the clock has not moved on.
 	binary.BigEndian.PutUint64(u[:8], t>>12<<16|0x7000|t&0xfff)
 	binary.BigEndian.PutUint64(u[8:], rand.Uint64()>>2|0x8000000000000000) // variant 10
 	var s [36]byte
