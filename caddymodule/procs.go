@@ -8,7 +8,8 @@ import (
 )
 
 // flushProcs gives the Go runtime a second P (processor) when it has one,
-// as on a machine or in a container with one CPU. The file ledger's flush
+// as on a machine with one CPU, or in a container whose CPU quota is one
+// (Caddy sets GOMAXPROCS from the quota at start). The file ledger's flush
 // is a blocking fdatasync, and the runtime hands the P of a goroutine
 // blocked in a system call to another thread only when its monitor next
 // looks, which can be milliseconds later: with one P the gateway stops for
