@@ -32,6 +32,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -191,6 +192,7 @@ func (l *Log) Sync(n uint64) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	yielded := false
 	for {
 		switch {
 		case l.err != nil:
@@ -199,6 +201,15 @@ func (l *Log) Sync(n uint64) error {
 			return nil
 		case l.flushing:
 			l.await()
+		case !yielded:
+			// About to flush: first let the goroutines that are ready to
+			// run go, once. Writers among them append and join this
+			// flush rather than wait for the next (with 32 writers, 31
+			// records a flush instead of 16: BenchmarkSync).
+			yielded = true
+			l.mu.Unlock()
+			runtime.Gosched()
+			l.mu.Lock()
 		default:
 			l.flush()
 		}
