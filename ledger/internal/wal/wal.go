@@ -183,9 +183,10 @@ func (l *Log) Append(kind byte, payload []byte) uint64 {
 func (l *Log) Size() int64 { return l.size.Load() }
 
 // Sync returns once record n and every record before it are on disk. The
-// caller that finds no write under way writes and flushes everything
-// appended so far; callers that come meanwhile wait for it, then one of
-// them flushes what they appended, together.
+// caller that finds no write under way lets the goroutines ready to run
+// go first, once, then writes and flushes everything appended so far;
+// callers that come meanwhile wait for it, then one of them flushes what
+// they appended, together.
 func (l *Log) Sync(n uint64) error {
 	if l.durable.Load() >= n {
 		return nil
