@@ -7,6 +7,7 @@ import (
 	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // CanonicalJSON returns the canonical form of a JSON document, or false when
@@ -56,8 +57,8 @@ var canonParsers = sync.Pool{New: func() any { return new(canonParser) }}
 // release empties p and puts it back in canonParsers, unless a large
 // document left it holding more than a usual one needs.
 func (p *canonParser) release() {
-	const keep = 64 << 10
-	if cap(p.keys)+cap(p.scratch) > keep || cap(p.members) > keep/32 {
+	const keep = 64 << 10 // bytes
+	if cap(p.keys)+cap(p.scratch)+cap(p.members)*int(unsafe.Sizeof(member{})) > keep {
 		return
 	}
 	*p = canonParser{keys: p.keys[:0], members: p.members[:0], scratch: p.scratch[:0]}
