@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -263,5 +264,37 @@ func TestListingSkipsExpired(t *testing.T) {
 	}
 	if _, err := l.Jobs(ctx, ledger.JobQuery{Before: "not-an-id"}); err == nil {
 		t.Errorf("a malformed cursor was accepted")
+	}
+}
+
+// TestCreatedJobIsStored: the job a new reservation returns, which the
+// ledger makes from the call's parameters rather than read back, is the
+// job it stored, field for field, durations cut to whole microseconds as
+// the scripts keep them.
+func TestCreatedJobIsStored(t *testing.T) {
+	l := openMini(t, newMini(t), "created:")
+	ctx := context.Background()
+	p := params("owner", "key")
+	p.Fingerprint, p.FingerprintVersion, p.FingerprintScheme = []byte{0, 1, 0xff}, 3, "graphql"
+	p.Retention = time.Hour + 1500*time.Nanosecond
+	p.Attempt.Lease = 30*time.Second + 999*time.Nanosecond
+	r, err := l.Reserve(ctx, p)
+	if err != nil || r.Outcome != ledger.Created {
+		t.Fatalf("Reserve = %v, %v; want created", r.Outcome, err)
+	}
+	stored, err := l.Job(ctx, p.JobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored.ReadAt = time.Time{}
+	if !reflect.DeepEqual(r.Job, stored) {
+		t.Errorf("Reserve returned\n%+v\nthe ledger holds\n%+v", *r.Job, *stored)
+	}
+	if r.Attempt == nil || !reflect.DeepEqual(*r.Attempt, stored.Attempts[0]) {
+		t.Errorf("Reserve's attempt %+v, the ledger's %+v", r.Attempt, stored.Attempts[0])
+	}
+	if r.Job.Retention != time.Hour+time.Microsecond || !r.Attempt.Deadline.Equal(r.Now.Add(30*time.Second)) {
+		t.Errorf("retention %v, deadline %v after the reservation; want 1h0m0.000001s and 30s",
+			r.Job.Retention, r.Attempt.Deadline.Sub(r.Now))
 	}
 }

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -107,6 +108,13 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		return ledger.Mismatched(&ledger.Job{ID: m["id"], State: ledger.JobState(m["state"]),
 			CreatedAt: timeOf(m["created"]), FingerprintVersion: fpv, FingerprintScheme: m["fps"]}, r.Now), nil
 	}
+	if r.Outcome == ledger.Created && len(a) == 2 {
+		// A new job: the script answers with its time alone.
+		r.Job = createdJob(&p, r.Now)
+		r.Attempt = &r.Job.Attempts[0]
+		l.saw(r.Job)
+		return r, nil
+	}
 	if len(a) < 5 {
 		return ledger.Reservation{}, errReply("reserve", a)
 	}
@@ -124,6 +132,35 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 		r.Attempt = fsm.Blocking(r.Job)
 	}
 	return r, nil
+}
+
+// createdJob is the job reserve.lua creates for p at now, as the ledger
+// would read it back: times and durations in whole microseconds, as the
+// scripts keep them.
+func createdJob(p *ledger.ReserveParams, now time.Time) *ledger.Job {
+	j := &ledger.Job{
+		ID:                 p.JobID,
+		OwnerHash:          bytes.Clone(p.OwnerHash),
+		KeyHash:            bytes.Clone(p.KeyHash),
+		Fingerprint:        bytes.Clone(p.Fingerprint),
+		FingerprintVersion: p.FingerprintVersion,
+		FingerprintScheme:  p.FingerprintScheme,
+		State:              ledger.JobPending,
+		Version:            1,
+		Retention:          p.Retention.Truncate(time.Microsecond),
+		CreatedAt:          now,
+	}
+	j.Attempts = []ledger.Attempt{{
+		ID:         p.Attempt.ID,
+		JobID:      p.JobID,
+		Number:     1,
+		Provider:   p.Attempt.Provider,
+		State:      ledger.AttemptStarting,
+		JobVersion: 1,
+		StartedAt:  now,
+		Deadline:   now.Add(p.Attempt.Lease.Truncate(time.Microsecond)),
+	}}
+	return j
 }
 
 // Hedge implements ledger.Ledger.

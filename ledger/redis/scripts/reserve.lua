@@ -4,7 +4,9 @@
 -- vanished) job is replaced in place: the identity key then names the given
 -- job id. A repeat finds the given attempt in the job and answers created
 -- (attempt 1) or reopened again, with the attempt as it is now
--- (fsm.Reserve).
+-- (fsm.Reserve). The reply is {outcome, now, job (job_answer), attempt
+-- number}, a mismatch's {outcome, now, what the job may say}, and a new
+-- job's {'created', now} alone.
 --
 -- KEYS: identity, new job, new job's attempts, idx, leases, expiry
 -- ARGV: bucket prefix, job id, attempt id, owner hash, key hash, identity (hex),
@@ -87,6 +89,6 @@ redis.call('ZADD', KEYS[4], '0', J.id)
 local A = {}
 add_attempt(J, A, ARGV[3], ARGV[9], lease, now)
 reindex(J, A)
-local reply = job_answer('created', now, J, false)
-reply[5] = 1
-return reply
+-- The job is what the call described, at this time: the caller makes it
+-- from its own parameters (createdJob), nothing is read back.
+return {'created', fmt(now)}
