@@ -111,7 +111,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	if r.Outcome == ledger.Created && len(a) == 2 {
 		// A new job: the script answers with its time alone.
 		r.Job = createdJob(&p, r.Now)
-		r.Attempt = &r.Job.Attempts[0]
+		r.Attempt = attemptNumbered(r.Job, 1)
 		l.saw(r.Job)
 		return r, nil
 	}
