@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -110,7 +109,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	}
 	if r.Outcome == ledger.Created && len(a) == 2 {
 		// A new job: the script answers with its time alone.
-		r.Job = createdJob(&p, r.Now)
+		r.Job = createdJob(p, r.Now)
 		r.Attempt = attemptNumbered(r.Job, 1)
 		l.saw(r.Job)
 		return r, nil
@@ -135,32 +134,12 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 }
 
 // createdJob is the job reserve.lua creates for p at now, as the ledger
-// would read it back: times and durations in whole microseconds, as the
-// scripts keep them.
-func createdJob(p *ledger.ReserveParams, now time.Time) *ledger.Job {
-	j := &ledger.Job{
-		ID:                 p.JobID,
-		OwnerHash:          bytes.Clone(p.OwnerHash),
-		KeyHash:            bytes.Clone(p.KeyHash),
-		Fingerprint:        bytes.Clone(p.Fingerprint),
-		FingerprintVersion: p.FingerprintVersion,
-		FingerprintScheme:  p.FingerprintScheme,
-		State:              ledger.JobPending,
-		Version:            1,
-		Retention:          p.Retention.Truncate(time.Microsecond),
-		CreatedAt:          now,
-	}
-	j.Attempts = []ledger.Attempt{{
-		ID:         p.Attempt.ID,
-		JobID:      p.JobID,
-		Number:     1,
-		Provider:   p.Attempt.Provider,
-		State:      ledger.AttemptStarting,
-		JobVersion: 1,
-		StartedAt:  now,
-		Deadline:   now.Add(p.Attempt.Lease.Truncate(time.Microsecond)),
-	}}
-	return j
+// would read it back: the fsm's new job, with its durations cut to whole
+// microseconds as the scripts keep them.
+func createdJob(p ledger.ReserveParams, now time.Time) *ledger.Job {
+	p.Retention = p.Retention.Truncate(time.Microsecond)
+	p.Attempt.Lease = p.Attempt.Lease.Truncate(time.Microsecond)
+	return fsm.NewJob(p, now)
 }
 
 // Hedge implements ledger.Ledger.
