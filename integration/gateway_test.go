@@ -344,3 +344,24 @@ func TestEmptyPOSTNotResentBelow(t *testing.T) {
 		}
 	})
 }
+
+// TestHeaderDirectiveRewritesEachAnswer: Caddy's `header` directive in
+// front of the gateway rewrites the answer's values in place when it is
+// written; each client's answer is rewritten once, and the stored answer
+// never (a replay used to hand the directive the ledger's own values, and
+// every replay rewrote them again).
+func TestHeaderDirectiveRewritesEachAnswer(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+			w.Header().Set("X-Trace", "first")
+			fmt.Fprintf(w, `{"n":%d}`, n)
+		})
+		g := startGateway(t, b, "\theader >X-Trace first first-seen\n"+site(up.addr()))
+		for i := range 4 {
+			r := g.post(t, "/charges", "hdr-1", auth, `{}`)
+			if r.status != http.StatusOK || r.body != `{"n":1}` || r.header.Get("X-Trace") != "first-seen" {
+				t.Errorf("answer %d: %v, want X-Trace rewritten once", i, r)
+			}
+		}
+	})
+}

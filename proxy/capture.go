@@ -240,19 +240,7 @@ func (m *Middleware) storable(h map[string][]string) map[string][]string {
 // private ones (Middleware.storable).
 func storedHeader(h http.Header) map[string][]string {
 	out := make(map[string][]string, len(h))
-	n := 0
-	for _, v := range h {
-		n += len(v)
-	}
-	values := make([]string, n) // one array for every value, as http.Header.Clone does
-	for k, v := range h {
-		if len(v) == 0 {
-			out[k] = nil
-			continue
-		}
-		n = copy(values, v)
-		out[k], values = values[:n:n], values[n:]
-	}
+	copyHeader(out, h)
 	for _, c := range h["Connection"] {
 		for _, f := range bytes.Split([]byte(c), []byte{','}) {
 			if name := string(bytes.TrimSpace(f)); name != "" {
@@ -268,6 +256,26 @@ func storedHeader(h http.Header) map[string][]string {
 	delete(out, HeaderJobID)
 	delete(out, HeaderReplayed)
 	return out
+}
+
+// copyHeader sets in dst a copy of each of src's fields: the values are
+// copied (into one array for them all, as http.Header.Clone does), so that
+// whoever holds dst may change them in place, as Caddy's deferred `header`
+// operations do, without changing src.
+func copyHeader(dst, src map[string][]string) {
+	n := 0
+	for _, v := range src {
+		n += len(v)
+	}
+	values := make([]string, n)
+	for k, v := range src {
+		if len(v) == 0 {
+			dst[k] = nil
+			continue
+		}
+		n = copy(values, v)
+		dst[k], values = values[:n:n], values[n:]
+	}
 }
 
 // emptyBody is the body of an attempt whose request has none. It is not nil

@@ -99,9 +99,7 @@ func (m *Middleware) join(w http.ResponseWriter, r *http.Request, j *ledger.Job,
 		return false
 	}
 	h := w.Header()
-	for k, v := range m.storable(j.Response.Header) {
-		h[k] = v
-	}
+	copyHeader(h, m.storable(j.Response.Header)) // the ledger's values, and h's may be rewritten
 	h.Set(HeaderJobID, j.ID)
 	h.Set(HeaderReplayed, "true")
 	setExpires(h, j.ExpiresAt)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/onejob/onejob/ledger"
@@ -106,4 +107,46 @@ func TestJoinedStreamCutShort(t *testing.T) {
 		t.Errorf("joiner after the cut: %q, %v; want the second event, then a broken connection", rest, err)
 	}
 	h.waitRun()
+}
+
+// A stream's first client and a duplicate that joins it each have the
+// answer's headers to themselves: a handler in front that rewrites them in
+// place (rewriting) changes neither the other's nor the stored answer.
+func TestStreamHeadersAreEachClients(t *testing.T) {
+	const event = "data: 1\n\n"
+	gates := []*gate{newGate(t)}
+	sent := make(chan int, 1)
+	h, _, _ := newProviders(t, Config{AttemptTimeout: patience}, steps([]string{event}, gates, sent, false), respond(http.StatusCreated, "fallback"))
+	wrapped := h.m.Wrap(http.NotFoundHandler())
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		wrapped.ServeHTTP(rewriting{w, "Content-Type"}, r)
+	}))
+	t.Cleanup(func() { gates[0].open(); srv.Close() })
+
+	const once = "text/event-stream+rewritten"
+	first := postTo(t, srv, "k")
+	defer first.Body.Close()
+	recv(t, sent, "the event")
+	joiner := make(chan *http.Response, 1)
+	go func() { joiner <- postTo(t, srv, "k") }()
+	j := recv(t, joiner, "the joiner's answer")
+	defer j.Body.Close()
+	gates[0].open()
+	for name, resp := range map[string]*http.Response{"first": first, "joiner": j} {
+		if got := resp.Header.Get("Content-Type"); got != once {
+			t.Errorf("%s: Content-Type %q, want %q", name, got, once)
+		}
+		if body, err := io.ReadAll(resp.Body); err != nil || string(body) != event {
+			t.Errorf("%s: body %q, %v", name, body, err)
+		}
+	}
+	h.waitRun()
+	if got := http.Header(h.job(first.Header.Get(HeaderJobID)).Response.Header).Get("Content-Type"); got != "text/event-stream" {
+		t.Errorf("stored Content-Type %q", got)
+	}
+	replay := postTo(t, srv, "k")
+	defer replay.Body.Close()
+	if got := replay.Header.Get("Content-Type"); got != once || replay.Header.Get(HeaderReplayed) != "true" {
+		t.Errorf("replay: Content-Type %q, replayed %q", got, replay.Header.Get(HeaderReplayed))
+	}
 }

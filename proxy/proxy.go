@@ -407,9 +407,7 @@ func (m *Middleware) Stored(status int, header http.Header, body []byte) *ledger
 // writeAnswer sends a recorded answer.
 func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
 	h := w.Header()
-	for k, v := range a.Header {
-		h[k] = slices.Clip(v) // shared with the ledger: an append copies it
-	}
+	copyHeader(h, a.Header) // a's values are the ledger's, and h's may be rewritten
 	h.Set(HeaderJobID, jobID)
 	if replayed {
 		h.Set(HeaderReplayed, "true")

@@ -1728,3 +1728,51 @@ func TestProblemWrite(t *testing.T) {
 		}
 	}
 }
+
+// rewriting changes a header field's values in place when the answer's
+// header is written, as Caddy's deferred `header` operations do (a replace
+// writes hdr[field][i]): a handler in front of the gateway may, and the
+// answer it rewrites must be the client's alone.
+type rewriting struct {
+	http.ResponseWriter
+	field string
+}
+
+func (w rewriting) WriteHeader(code int) {
+	vals := w.Header()[w.field]
+	for i := range vals {
+		vals[i] += "+rewritten"
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w rewriting) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func TestReplayedHeadersAreTheClients(t *testing.T) {
+	h := newHarness(t, Config{}, func(w http.ResponseWriter, r *http.Request, n int) error {
+		w.Header().Set("Location", "/v1/charges/ch_1")
+		w.WriteHeader(http.StatusCreated)
+		_, err := io.WriteString(w, `{"id":"ch_1"}`)
+		return err
+	})
+	first := h.do(post("k-rw", `{"amount":100}`))
+	if first.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	h.waitRun()
+	for i := range 3 {
+		rec := httptest.NewRecorder()
+		if err := h.m.ServeHTTP(rewriting{rec, "Location"}, post("k-rw", `{"amount":100}`), h.up); err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.Header().Get("Location"); got != "/v1/charges/ch_1+rewritten" {
+			t.Errorf("rewritten replay %d: Location %q, want the stored answer's, rewritten once", i, got)
+		}
+	}
+	if got := http.Header(h.job(jobID(t, first)).Response.Header).Get("Location"); got != "/v1/charges/ch_1" {
+		t.Errorf("stored Location %q after rewritten replays", got)
+	}
+	if got := h.do(post("k-rw", `{"amount":100}`)).Header().Get("Location"); got != "/v1/charges/ch_1" {
+		t.Errorf("replay: Location %q, want the stored answer's", got)
+	}
+}
