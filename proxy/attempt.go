@@ -755,7 +755,7 @@ func (rn *runner) startStream(att ledger.Attempt, c *capture, expires time.Time)
 	for k, v := range c.header {
 		h[k] = v
 	}
-	h.Set(HeaderJobID, att.JobID)
+	setCanonical(h, HeaderJobID, att.JobID)
 	setExpires(h, expires)
 	rn.client.w.WriteHeader(c.status)
 	return true

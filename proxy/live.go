@@ -100,8 +100,8 @@ func (m *Middleware) join(w http.ResponseWriter, r *http.Request, j *ledger.Job,
 	}
 	h := w.Header()
 	copyHeader(h, m.storable(j.Response.Header)) // the ledger's values, and h's may be rewritten
-	h.Set(HeaderJobID, j.ID)
-	h.Set(HeaderReplayed, "true")
+	setCanonical(h, HeaderJobID, j.ID)
+	setCanonical(h, HeaderReplayed, "true")
 	setExpires(h, j.ExpiresAt)
 	m.cfg.SetVar(r, "replayed", "true")
 	w.WriteHeader(j.Response.Status)

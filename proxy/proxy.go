@@ -393,8 +393,35 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 // the ledger said so (an HTTP-date of the ledger's clock).
 func setExpires(h http.Header, t time.Time) {
 	if !t.IsZero() {
-		h.Set(HeaderExpires, t.UTC().Format(http.TimeFormat))
+		setCanonical(h, HeaderExpires, string(appendHTTPDate(make([]byte, 0, len(http.TimeFormat)), t)))
 	}
+}
+
+// appendHTTPDate appends t as HTTP dates are written (http.TimeFormat, in
+// UTC) without parsing a layout, as net/http writes its Date header; a
+// year past four digits, which no job expires in, takes time.Format.
+func appendHTTPDate(b []byte, t time.Time) []byte {
+	const days, months = "SunMonTueWedThuFriSat", "JanFebMarAprMayJunJulAugSepOctNovDec"
+	t = t.UTC()
+	yy, mm, dd := t.Date()
+	if yy < 0 || yy > 9999 {
+		return t.AppendFormat(b, http.TimeFormat)
+	}
+	hh, mn, ss := t.Clock()
+	day, mon := days[3*t.Weekday():], months[3*(mm-1):]
+	return append(b, day[0], day[1], day[2], ',', ' ',
+		byte('0'+dd/10), byte('0'+dd%10), ' ',
+		mon[0], mon[1], mon[2], ' ',
+		byte('0'+yy/1000), byte('0'+yy/100%10), byte('0'+yy/10%10), byte('0'+yy%10), ' ',
+		byte('0'+hh/10), byte('0'+hh%10), ':', byte('0'+mn/10), byte('0'+mn%10), ':',
+		byte('0'+ss/10), byte('0'+ss%10), ' ', 'G', 'M', 'T')
+}
+
+// setCanonical sets field, a name already canonical (this package's
+// Header constants are: TestHeaderNamesAreCanonical), to v: as
+// http.Header.Set does, without canonicalizing the name on every answer.
+func setCanonical(h http.Header, field, v string) {
+	h[field] = []string{v}
 }
 
 // Stored returns the answer the ledger keeps of status, header and body, as
@@ -408,9 +435,9 @@ func (m *Middleware) Stored(status int, header http.Header, body []byte) *ledger
 func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
 	h := w.Header()
 	copyHeader(h, a.Header) // a's values are the ledger's, and h's may be rewritten
-	h.Set(HeaderJobID, jobID)
+	setCanonical(h, HeaderJobID, jobID)
 	if replayed {
-		h.Set(HeaderReplayed, "true")
+		setCanonical(h, HeaderReplayed, "true")
 	}
 	w.WriteHeader(a.Status)
 	w.Write(a.Body)

@@ -1776,3 +1776,35 @@ func TestReplayedHeadersAreTheClients(t *testing.T) {
 		t.Errorf("replay: Location %q, want the stored answer's", got)
 	}
 }
+
+// setCanonical takes these names as they are.
+func TestHeaderNamesAreCanonical(t *testing.T) {
+	for _, name := range []string{DefaultKeyHeader, HeaderJobID, HeaderAttempt, HeaderReplayed, HeaderReconciled, HeaderExpires, HeaderPreferenceApplied} {
+		if c := http.CanonicalHeaderKey(name); c != name {
+			t.Errorf("%q is not canonical: %q", name, c)
+		}
+	}
+}
+
+// appendHTTPDate writes what time.Format writes, for times of every
+// weekday, month, and digit of the clock, in any zone.
+func TestAppendHTTPDate(t *testing.T) {
+	zone := time.FixedZone("UTC+5:30", 5*3600+1800)
+	times := []time.Time{
+		time.Date(1, time.January, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, time.December, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(10000, time.January, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, time.March, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, time.February, 28, 23, 30, 0, 0, zone),
+	}
+	at := time.Date(1999, time.December, 30, 0, 0, 0, 0, time.UTC)
+	for i := range 5000 {
+		times = append(times, at.In(zone))
+		at = at.Add(time.Duration(i)*time.Hour + 61*time.Minute + 7*time.Second)
+	}
+	for _, tm := range times {
+		if got, want := string(appendHTTPDate(nil, tm)), tm.UTC().Format(http.TimeFormat); got != want {
+			t.Errorf("%v: %q, want %q", tm, got, want)
+		}
+	}
+}
