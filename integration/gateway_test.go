@@ -365,3 +365,31 @@ func TestHeaderDirectiveRewritesEachAnswer(t *testing.T) {
 		}
 	})
 }
+
+// TestNestedHandlersOneJob: an idempotency handler nested in a route of a
+// site that one already guards, both on the same ledger: a keyed request
+// runs once and is answered at once, and its retry replays it (it used to
+// wait on itself until attempt_timeout, then answer 504 with the job
+// unknown and the provider never called).
+func TestNestedHandlersOneJob(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+			fmt.Fprintf(w, `{"n":%d}`, n)
+		})
+		g := startGateway(t, b, "\tidempotency {\n\t\t{ledger}\n\t}\n\troute {\n"+site(up.addr())+"\t}\n")
+		first := g.post(t, "/charges", "nested-1", auth, `{}`)
+		if first.status != http.StatusOK || first.body != `{"n":1}` {
+			t.Fatalf("first: %v", first)
+		}
+		replay := g.post(t, "/charges", "nested-1", auth, `{}`)
+		if replay.status != http.StatusOK || replay.body != `{"n":1}` || replay.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("replay: %v", replay)
+		}
+		if n := up.count("nested-1"); n != 1 {
+			t.Errorf("the provider was called %d times, want 1", n)
+		}
+		if !strings.Contains(g.out.String(), "nested") {
+			t.Errorf("no warning of the nested handler in the log")
+		}
+	})
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,10 +27,15 @@ type Middleware struct {
 
 	unsentQ       unsentQueue
 	lives         liveStreams
-	statusBase    string // the escaped "<StatusPath>/", derived once
-	deduplicating bool   // a provider deduplicates: unknown jobs may be re-sent
-	localLedger   bool   // the ledger runs in this process (ledger.Local)
+	statusBase    string    // the escaped "<StatusPath>/", derived once
+	deduplicating bool      // a provider deduplicates: unknown jobs may be re-sent
+	localLedger   bool      // the ledger runs in this process (ledger.Local)
+	nested        sync.Once // logs the first attempt of a gateway in front
 }
+
+// guardedKey marks the context of an attempt's request: a gateway in
+// front of this one holds its job (see ServeHTTP).
+type guardedKey struct{}
 
 // New returns a Middleware for cfg, with defaults filled in.
 func New(cfg Config) (*Middleware, error) {
@@ -84,6 +90,16 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		return nil
 	}
 	if !slices.Contains(m.cfg.Methods, r.Method) {
+		return next.ServeHTTP(w, r)
+	}
+	if r.Context().Value(guardedKey{}) != nil {
+		// An attempt of a gateway in front (a handler nested behind
+		// another): that one holds the job, so this one passes it on.
+		// Reserving it again would find the job in flight, and wait on
+		// it while the job waits on this attempt.
+		m.nested.Do(func() {
+			m.cfg.Logger.Warn("idempotency handler nested behind another: it passes the requests the first one guards through")
+		})
 		return next.ServeHTTP(w, r)
 	}
 	values := r.Header.Values(m.cfg.KeyHeader)
@@ -286,7 +302,7 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 // client with the outcome, a 504 when the first answer's headers do not
 // come within attempt_timeout.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handler, res ledger.Reservation, body []byte) error {
-	base := r.WithContext(context.WithoutCancel(r.Context()))
+	base := r.WithContext(context.WithValue(context.WithoutCancel(r.Context()), guardedKey{}, true))
 	rn := newRunner(m, base, next, body, w, *res.Attempt)
 	first, provider, release := *res.Attempt, m.policy.Index(res.Attempt.Provider), m.cfg.Hold()
 	runners.run(func() { rn.run(first, provider, release) })

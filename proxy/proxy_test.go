@@ -1808,3 +1808,38 @@ func TestAppendHTTPDate(t *testing.T) {
 		}
 	}
 }
+
+// A gateway behind another on the same ledger (an idempotency handler
+// nested in a route of one already guarding the site) passes the outer
+// one's attempts through: it used to find the outer job in flight and
+// wait on it while the outer waited on it, until attempt_timeout left the
+// job unknown and the provider never called.
+func TestNestedGatewayPassesAttemptsThrough(t *testing.T) {
+	l := memory.New()
+	h := newHarness(t, Config{Ledger: l, AttemptTimeout: 2 * time.Second}, nil)
+	inner, err := New(Config{Ledger: l, AttemptTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	through := HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return inner.ServeHTTP(w, r, h.up) })
+	serve := func() *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		if err := h.m.ServeHTTP(rec, post("k-nested", `{"amount":100}`), through); err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	first := serve()
+	if first.Code != http.StatusCreated || first.Header().Get(HeaderReplayed) != "" {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	h.waitRun()
+	replay := serve()
+	if replay.Code != http.StatusCreated || replay.Header().Get(HeaderReplayed) != "true" || replay.Body.String() != first.Body.String() {
+		t.Errorf("replay: %d %q %s", replay.Code, replay.Header().Get(HeaderReplayed), replay.Body)
+	}
+	if h.up.calls() != 1 || l.Len() != 1 {
+		t.Errorf("upstream called %d times, %d jobs; want 1 and 1", h.up.calls(), l.Len())
+	}
+	wantJob(t, h.job(jobID(t, first)), ledger.JobCompleted, "next/succeeded")
+}
