@@ -1816,25 +1816,27 @@ func TestAppendHTTPDate(t *testing.T) {
 // job unknown and the provider never called.
 func TestNestedGatewayPassesAttemptsThrough(t *testing.T) {
 	l := memory.New()
-	h := newHarness(t, Config{Ledger: l, AttemptTimeout: 2 * time.Second}, nil)
-	inner, err := New(Config{Ledger: l, AttemptTimeout: 2 * time.Second})
+	h := newHarness(t, Config{Ledger: l, AttemptTimeout: 2 * time.Second, Methods: []string{http.MethodPost}}, nil)
+	inner, err := New(Config{Ledger: l, AttemptTimeout: 2 * time.Second}) // POST and PATCH
 	if err != nil {
 		t.Fatal(err)
 	}
 	through := HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return inner.ServeHTTP(w, r, h.up) })
-	serve := func() *httptest.ResponseRecorder {
+	serve := func(method, key string) *httptest.ResponseRecorder {
+		r := post(key, `{"amount":100}`)
+		r.Method = method
 		rec := httptest.NewRecorder()
-		if err := h.m.ServeHTTP(rec, post("k-nested", `{"amount":100}`), through); err != nil {
+		if err := h.m.ServeHTTP(rec, r, through); err != nil {
 			t.Fatal(err)
 		}
 		return rec
 	}
-	first := serve()
+	first := serve(http.MethodPost, "k-nested")
 	if first.Code != http.StatusCreated || first.Header().Get(HeaderReplayed) != "" {
 		t.Fatalf("first: %d %s", first.Code, first.Body)
 	}
 	h.waitRun()
-	replay := serve()
+	replay := serve(http.MethodPost, "k-nested")
 	if replay.Code != http.StatusCreated || replay.Header().Get(HeaderReplayed) != "true" || replay.Body.String() != first.Body.String() {
 		t.Errorf("replay: %d %q %s", replay.Code, replay.Header().Get(HeaderReplayed), replay.Body)
 	}
@@ -1842,4 +1844,13 @@ func TestNestedGatewayPassesAttemptsThrough(t *testing.T) {
 		t.Errorf("upstream called %d times, %d jobs; want 1 and 1", h.up.calls(), l.Len())
 	}
 	wantJob(t, h.job(jobID(t, first)), ledger.JobCompleted, "next/succeeded")
+
+	// A PATCH the outer one passes through is the inner one's to guard.
+	patch := serve(http.MethodPatch, "k-patch")
+	if patch.Code != http.StatusCreated || patch.Header().Get(HeaderJobID) == "" || l.Len() != 2 {
+		t.Fatalf("PATCH: %d, job %q, %d jobs; want a job of the inner gateway's", patch.Code, patch.Header().Get(HeaderJobID), l.Len())
+	}
+	if again := serve(http.MethodPatch, "k-patch"); again.Header().Get(HeaderReplayed) != "true" || h.up.calls() != 2 {
+		t.Errorf("PATCH again: replayed %q, upstream called %d times", again.Header().Get(HeaderReplayed), h.up.calls())
+	}
 }
