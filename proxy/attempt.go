@@ -752,9 +752,7 @@ func (rn *runner) startStream(att ledger.Attempt, c *capture, expires time.Time)
 	defer rn.client.mu.Unlock()
 	rn.state = clientStreaming
 	h := rn.client.w.Header()
-	for k, v := range c.header {
-		h[k] = v
-	}
+	copyHeader(h, c.header) // the client's to rewrite; c's stay the provider's
 	setCanonical(h, HeaderJobID, att.JobID)
 	setExpires(h, expires)
 	rn.client.w.WriteHeader(c.status)
