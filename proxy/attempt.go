@@ -603,8 +603,8 @@ func (t *try) run() *result {
 	ctx, cancel := context.WithTimeout(rn.base.Context(), att.Deadline.Sub(att.StartedAt))
 	defer cancel()
 	req := m.cfg.PrepareAttempt(rn.base.Clone(ctx))
-	req.Header.Set(HeaderJobID, att.JobID)
-	req.Header.Set(HeaderAttempt, strconv.Itoa(att.Number))
+	setCanonical(req.Header, HeaderJobID, att.JobID)
+	setCanonical(req.Header, HeaderAttempt, strconv.Itoa(att.Number))
 	if name := m.cfg.Providers[provider].Deduplicates; name != "" {
 		// A provider account shared by many owners must never see two
 		// owners' requests under one key: the job id, not the client's.

@@ -69,7 +69,7 @@ func (p *Problem) Write(w http.ResponseWriter) {
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
 	h.Del("Idempotent-Replayed")
 	if p.JobID != "" {
-		h.Set(HeaderJobID, p.JobID)
+		setCanonical(h, HeaderJobID, p.JobID)
 	}
 	if p.retryAfter > 0 {
 		h.Set("Retry-After", retryAfterSeconds(p.retryAfter))

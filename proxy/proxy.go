@@ -465,7 +465,7 @@ func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replay
 func (m *Middleware) waitFor(w http.ResponseWriter, r *http.Request) time.Duration {
 	if wait, ok := preferredWait(r.Header); ok {
 		wait = min(wait, m.cfg.MaxWait)
-		w.Header().Set(HeaderPreferenceApplied, appliedWait(wait))
+		setCanonical(w.Header(), HeaderPreferenceApplied, appliedWait(wait))
 		return wait
 	}
 	if m.cfg.InFlightReject {

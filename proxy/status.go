@@ -124,7 +124,7 @@ func (m *Middleware) serveStatus(w http.ResponseWriter, r *http.Request) bool {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set(HeaderJobID, j.ID)
+	setCanonical(h, HeaderJobID, j.ID)
 	if j.State == ledger.JobCompleted || j.State == ledger.JobFailed {
 		setExpires(h, j.ExpiresAt)
 	}
