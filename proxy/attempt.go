@@ -752,8 +752,7 @@ func (rn *runner) startStream(att ledger.Attempt, c *capture, expires time.Time)
 	defer rn.client.mu.Unlock()
 	rn.state = clientStreaming
 	h := rn.client.w.Header()
-	copyHeader(h, c.header) // the client's to rewrite; c's stay the provider's
-	setCanonical(h, HeaderJobID, att.JobID)
+	rn.m.setAnswerHeader(h, c.header, att.JobID, false)
 	setExpires(h, expires)
 	rn.client.w.WriteHeader(c.status)
 	return true

@@ -99,9 +99,7 @@ func (m *Middleware) join(w http.ResponseWriter, r *http.Request, j *ledger.Job,
 		return false
 	}
 	h := w.Header()
-	copyHeader(h, m.storable(j.Response.Header)) // the ledger's values, and h's may be rewritten
-	setCanonical(h, HeaderJobID, j.ID)
-	setCanonical(h, HeaderReplayed, "true")
+	m.setAnswerHeader(h, j.Response.Header, j.ID, true)
 	setExpires(h, j.ExpiresAt)
 	m.cfg.SetVar(r, "replayed", "true")
 	w.WriteHeader(j.Response.Status)

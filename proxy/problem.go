@@ -67,7 +67,7 @@ func (p *Problem) Write(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	h.Del("Idempotent-Replayed")
+	delete(h, HeaderReplayed)
 	if p.JobID != "" {
 		setCanonical(h, HeaderJobID, p.JobID)
 	}

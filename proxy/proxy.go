@@ -362,7 +362,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 	case fallback.Result:
 		if out.won || out.storeErr != nil {
 			setExpires(w.Header(), out.expires)
-			writeAnswer(w, out.answer, jobID, false)
+			m.writeAnswer(w, out.answer, jobID, false)
 			return
 		}
 		// Lost: another answer won, or the job was settled meanwhile.
@@ -376,7 +376,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out final, j
 	case fallback.Failed:
 		setExpires(w.Header(), out.expires)
 		if out.answer != nil {
-			writeAnswer(w, out.answer, jobID, false)
+			m.writeAnswer(w, out.answer, jobID, false)
 			return
 		}
 		if out.contract {
@@ -448,15 +448,26 @@ func (m *Middleware) Stored(status int, header http.Header, body []byte) *ledger
 }
 
 // writeAnswer sends a recorded answer.
-func writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
-	h := w.Header()
-	copyHeader(h, a.Header) // a's values are the ledger's, and h's may be rewritten
+func (m *Middleware) writeAnswer(w http.ResponseWriter, a *ledger.Response, jobID string, replayed bool) {
+	m.setAnswerHeader(w.Header(), a.Header, jobID, replayed)
+	w.WriteHeader(a.Status)
+	w.Write(a.Body)
+}
+
+// setAnswerHeader sets in h, a client's answer's header, the answer's
+// fields from src and the job's id; a replay is marked, and goes without
+// the headers m never stores (an answer stored before one was named
+// still holds it). The values are copied: src's are the ledger's or the
+// provider's, and h's may be rewritten in place by a handler in front.
+func (m *Middleware) setAnswerHeader(h http.Header, src map[string][]string, jobID string, replayed bool) {
+	if replayed {
+		src = m.storable(src)
+	}
+	copyHeader(h, src)
 	setCanonical(h, HeaderJobID, jobID)
 	if replayed {
 		setCanonical(h, HeaderReplayed, "true")
 	}
-	w.WriteHeader(a.Status)
-	w.Write(a.Body)
 }
 
 // waitFor returns how long a duplicate r of an in-flight job waits for its
@@ -509,9 +520,7 @@ func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Jo
 		return
 	}
 	m.cfg.SetVar(r, "replayed", "true")
-	a := *j.Response
-	a.Header = m.storable(a.Header) // an answer stored before the header was never stored
-	writeAnswer(w, &a, j.ID, true)
+	m.writeAnswer(w, j.Response, j.ID, true)
 }
 
 // wait holds a duplicate until the job settles or the wait ends (in_flight's,
