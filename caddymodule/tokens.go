@@ -33,6 +33,9 @@ func checkStoredHeader(name string, values []string) error {
 		return err
 	}
 	key := http.CanonicalHeaderKey(name)
+	if proxy.OwnHeader(key) {
+		return fmt.Errorf("header %s is the gateway's own: it sets it on every answer, and never stores it", key)
+	}
 	if proxy.NeverStored(key) {
 		return fmt.Errorf("header %s is never stored: it is not end-to-end, or belongs to the first client alone", key)
 	}
@@ -50,8 +53,7 @@ func checkNeverStore(name string) error {
 	if err := checkHeaderName(name); err != nil {
 		return err
 	}
-	switch key := http.CanonicalHeaderKey(name); key {
-	case proxy.HeaderJobID, proxy.HeaderReplayed, proxy.HeaderExpires:
+	if key := http.CanonicalHeaderKey(name); proxy.OwnHeader(key) {
 		return fmt.Errorf("%s is the gateway's own header, never stored", key)
 	}
 	return nil

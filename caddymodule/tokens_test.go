@@ -29,6 +29,8 @@ func TestCheckStoredHeader(t *testing.T) {
 		{"connection", []string{"close"}, "header Connection is never stored"},
 		{"Date", []string{"x"}, "header Date is never stored"},
 		{"set-cookie", []string{"s=1"}, "header Set-Cookie is never stored"},
+		{"idempotency-expires", []string{"Thu, 01 Jan 1970 00:00:00 GMT"}, "header Idempotency-Expires is the gateway's own"},
+		{"Idempotent-Replayed", []string{"true"}, "header Idempotent-Replayed is the gateway's own"},
 		{"X-A", []string{"a\r\nb"}, "invalid value for header X-A"},
 		{"X-A", []string{"a\x00"}, "invalid value for header X-A"},
 		{"X-A", []string{"a\x01"}, "invalid value for header X-A"},

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -390,6 +391,47 @@ func TestNestedHandlersOneJob(t *testing.T) {
 		}
 		if !strings.Contains(g.out.String(), "nested") {
 			t.Errorf("no warning of the nested handler in the log")
+		}
+	})
+}
+
+// TestProviderOwnHeadersIgnored: a provider that sends the gateway's own
+// headers (Idempotency-Job-Id, Idempotent-Replayed, Idempotency-Expires)
+// reaches no client with them, first answer or replay: each carries the
+// gateway's values alone (the expiry used to be the provider's, and to be
+// stored and replayed).
+func TestProviderOwnHeadersIgnored(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+			w.Header().Set("Idempotency-Job-Id", "job_forged")
+			w.Header().Set("Idempotent-Replayed", "forged")
+			w.Header().Set("Idempotency-Expires", "Thu, 01 Jan 1970 00:00:00 GMT")
+			fmt.Fprintf(w, `{"n":%d}`, n)
+		})
+		g := startGateway(t, b, site(up.addr()))
+		first := g.post(t, "/charges", "own-1", auth, `{}`)
+		replay := g.post(t, "/charges", "own-1", auth, `{}`)
+		id := first.header.Get("Idempotency-Job-Id")
+		for _, tc := range []struct {
+			name     string
+			r        response
+			replayed []string
+		}{{"first", first, nil}, {"replay", replay, []string{"true"}}} {
+			h := tc.r.header
+			if tc.r.status != http.StatusOK || tc.r.body != `{"n":1}` {
+				t.Errorf("%s: %v", tc.name, tc.r)
+			}
+			if got := h.Values("Idempotency-Job-Id"); len(got) != 1 || got[0] == "job_forged" || got[0] != id {
+				t.Errorf("%s: Idempotency-Job-Id %q", tc.name, got)
+			}
+			if got := h.Values("Idempotent-Replayed"); !slices.Equal(got, tc.replayed) {
+				t.Errorf("%s: Idempotent-Replayed %q, want %q", tc.name, got, tc.replayed)
+			}
+			got := h.Values("Idempotency-Expires")
+			at, err := http.ParseTime(h.Get("Idempotency-Expires"))
+			if len(got) != 1 || err != nil || !at.After(time.Now()) {
+				t.Errorf("%s: Idempotency-Expires %q, want the gateway's (after now)", tc.name, got)
+			}
 		}
 	})
 }

@@ -553,7 +553,7 @@ func (t *try) commit(c *capture, overflow bool) (io.Writer, bool, bool) {
 	case fallback.Result:
 		out := rn.complete(t.att, m.policy.Providers[t.provider], head)
 		if out.won || out.storeErr != nil {
-			out.sent = rn.startStream(t.att, c, out.expires)
+			out.sent = rn.startStream(t.att, head, out.expires)
 		}
 		t.decided(&out)
 		if out.sent {
@@ -569,7 +569,7 @@ func (t *try) commit(c *capture, overflow bool) (io.Writer, bool, bool) {
 			return nil, false, overflow
 		}
 		out := final{verdict: fallback.Failed, reason: reason, answer: head}
-		out.sent = rn.startStream(t.att, c, time.Time{})
+		out.sent = rn.startStream(t.att, head, time.Time{})
 		t.decided(&out)
 		if out.sent {
 			return rn.client, false, true
@@ -741,9 +741,10 @@ func (m *Middleware) lost(att ledger.Attempt, j *ledger.Job, provider string) {
 		zap.String("winner_attempt_id", winner))
 }
 
-// startStream sends the answer's headers to the client, if it is still
-// there, and marks the answer as passing through.
-func (rn *runner) startStream(att ledger.Attempt, c *capture, expires time.Time) bool {
+// startStream sends the head of an answer (its status and its headers as
+// storedHeader gives them) to the client, if it is still there, and marks
+// the answer as passing through.
+func (rn *runner) startStream(att ledger.Attempt, head *ledger.Response, expires time.Time) bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	if !rn.open() || !rn.client.tryLock() {
@@ -752,9 +753,9 @@ func (rn *runner) startStream(att ledger.Attempt, c *capture, expires time.Time)
 	defer rn.client.mu.Unlock()
 	rn.state = clientStreaming
 	h := rn.client.w.Header()
-	rn.m.setAnswerHeader(h, c.header, att.JobID, false)
+	rn.m.setAnswerHeader(h, head.Header, att.JobID, false)
 	setExpires(h, expires)
-	rn.client.w.WriteHeader(c.status)
+	rn.client.w.WriteHeader(head.Status)
 	return true
 }
 

@@ -182,24 +182,41 @@ func (c *client) Flush() {
 	}
 }
 
+// ownHeaders are the headers the gateway sets on an answer itself; a
+// provider's value of one reaches no client and no record.
+var ownHeaders = []string{HeaderJobID, HeaderReplayed, HeaderExpires}
+
+// OwnHeader reports whether the header named name (in any case) is one the
+// gateway sets on an answer itself.
+func OwnHeader(name string) bool {
+	return slices.Contains(ownHeaders, http.CanonicalHeaderKey(name))
+}
+
 // neverStoredHeaders are the headers no stored answer carries
 // (docs/contract.md, section 5), each with whether the first client still
 // gets it from the provider. The hop-by-hop headers and Date (which a
-// replay sets anew) are not end-to-end: nobody gets them from a record.
-// Set-Cookie is end-to-end but belongs to the first client alone: a
-// session or a CSRF token handed to every retry would be handed to
-// whoever holds the key. Config.NeverStore adds names of the second kind.
-var neverStoredHeaders = map[string]bool{
-	"Connection": false, "Keep-Alive": false, "Proxy-Authenticate": false, "Proxy-Authorization": false,
-	"Proxy-Connection": false, "Te": false, "Trailer": false, "Transfer-Encoding": false, "Upgrade": false,
-	"Date":       false,
-	"Set-Cookie": true,
-}
+// replay sets anew) are not end-to-end, and the gateway's own are its to
+// set: nobody gets them from a record. Set-Cookie is end-to-end but
+// belongs to the first client alone: a session or a CSRF token handed to
+// every retry would be handed to whoever holds the key. Config.NeverStore
+// adds names of the second kind.
+var neverStoredHeaders = func() map[string]bool {
+	m := map[string]bool{
+		"Connection": false, "Keep-Alive": false, "Proxy-Authenticate": false, "Proxy-Authorization": false,
+		"Proxy-Connection": false, "Te": false, "Trailer": false, "Transfer-Encoding": false, "Upgrade": false,
+		"Date":       false,
+		"Set-Cookie": true,
+	}
+	for _, k := range ownHeaders {
+		m[k] = false
+	}
+	return m
+}()
 
 // NeverStored reports whether the header named name (in any case) is one no
 // stored answer carries (docs/contract.md, section 5): a hop-by-hop header,
-// Date, which a replay sets anew, or Set-Cookie, which only the first
-// client gets. A handler's never_store names more (Middleware.NeverStored).
+// Date, which a replay sets anew, one of the gateway's own (OwnHeader), or
+// Set-Cookie, which only the first client gets. A handler's never_store names more (Middleware.NeverStored).
 // An answer given by other means (an operator's, through the admin API) is
 // held to the same rule.
 func NeverStored(name string) bool {
@@ -253,8 +270,6 @@ func storedHeader(h http.Header) map[string][]string {
 			delete(out, k)
 		}
 	}
-	delete(out, HeaderJobID)
-	delete(out, HeaderReplayed)
 	return out
 }
 

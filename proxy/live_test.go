@@ -150,3 +150,38 @@ func TestStreamHeadersAreEachClients(t *testing.T) {
 		t.Errorf("replay: Content-Type %q, replayed %q", got, replay.Header.Get(HeaderReplayed))
 	}
 }
+
+// A streamed answer's first client, a duplicate that joins it and a replay
+// carry the gateway's own headers, never the provider's.
+func TestStreamCarriesOwnHeaders(t *testing.T) {
+	const event = "data: 1\n\n"
+	gates := []*gate{newGate(t)}
+	sent := make(chan int, 1)
+	stream := steps([]string{event}, gates, sent, false)
+	h, _, _ := newProviders(t, Config{AttemptTimeout: patience}, func(w http.ResponseWriter, r *http.Request, n int) error {
+		forgeOwnHeaders(w.Header())
+		return stream(w, r, n)
+	}, respond(http.StatusCreated, "fallback"))
+	srv := serveHarness(t, h, gates...)
+
+	first := postTo(t, srv, "k")
+	defer first.Body.Close()
+	recv(t, sent, "the event")
+	joiner := make(chan *http.Response, 1)
+	go func() { joiner <- postTo(t, srv, "k") }()
+	dup := recv(t, joiner, "the joiner's answer")
+	defer dup.Body.Close()
+	gates[0].open()
+	io.ReadAll(first.Body)
+	io.ReadAll(dup.Body)
+	h.waitRun()
+	j := h.job(first.Header.Get(HeaderJobID))
+	if j == nil {
+		t.Fatalf("first answer's job id %q", first.Header.Values(HeaderJobID))
+	}
+	wantOwnHeaders(t, "first client", first.Header, j, false)
+	wantOwnHeaders(t, "joiner", dup.Header, j, true)
+	replay := postTo(t, srv, "k")
+	defer replay.Body.Close()
+	wantOwnHeaders(t, "replay", replay.Header, j, true)
+}

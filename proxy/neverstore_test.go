@@ -102,6 +102,7 @@ func TestNeverStoredRule(t *testing.T) {
 	for name, want := range map[string]bool{
 		"set-cookie": true, "Set-Cookie": true, "Connection": true, "date": true,
 		"X-Private": true, "x-private": true, "Content-Type": false, "Set-Cookie2": false,
+		"idempotency-expires": true, HeaderJobID: true, HeaderReplayed: true, HeaderReconciled: false,
 	} {
 		if got := m.NeverStored(name); got != want {
 			t.Errorf("NeverStored(%q) = %v, want %v", name, got, want)

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1853,4 +1854,57 @@ func TestNestedGatewayPassesAttemptsThrough(t *testing.T) {
 	if again := serve(http.MethodPatch, "k-patch"); again.Header().Get(HeaderReplayed) != "true" || h.up.calls() != 2 {
 		t.Errorf("PATCH again: replayed %q, upstream called %d times", again.Header().Get(HeaderReplayed), h.up.calls())
 	}
+}
+
+// forgeOwnHeaders sets, as a provider might, the headers that are the
+// gateway's own, with values no gateway would give.
+func forgeOwnHeaders(h http.Header) {
+	h.Set(HeaderJobID, "job_forged")
+	h.Set(HeaderReplayed, "forged")
+	h.Set(HeaderExpires, "Thu, 01 Jan 1970 00:00:00 GMT")
+}
+
+// wantOwnHeaders fails unless h carries the gateway's own headers for job
+// j, and not a provider's: its id, its expiry, and the replay mark on a
+// replay alone.
+func wantOwnHeaders(t *testing.T, name string, h http.Header, j *ledger.Job, replayed bool) {
+	t.Helper()
+	if got := h.Values(HeaderJobID); len(got) != 1 || got[0] != j.ID {
+		t.Errorf("%s: %s %q, want %q", name, HeaderJobID, got, j.ID)
+	}
+	if got, want := h.Values(HeaderExpires), j.ExpiresAt.UTC().Format(http.TimeFormat); j.ExpiresAt.IsZero() || len(got) != 1 || got[0] != want {
+		t.Errorf("%s: %s %q, want %q", name, HeaderExpires, got, want)
+	}
+	want := []string(nil)
+	if replayed {
+		want = []string{"true"}
+	}
+	if got := h.Values(HeaderReplayed); !slices.Equal(got, want) {
+		t.Errorf("%s: %s %q, want %q", name, HeaderReplayed, got, want)
+	}
+}
+
+// A provider's own Idempotency-Job-Id, Idempotent-Replayed or
+// Idempotency-Expires never reaches a client, nor the stored answer: the
+// first answer and every replay carry the gateway's.
+func TestProviderCannotSetOwnHeaders(t *testing.T) {
+	h := newHarness(t, Config{}, func(w http.ResponseWriter, r *http.Request, n int) error {
+		forgeOwnHeaders(w.Header())
+		w.WriteHeader(http.StatusCreated)
+		_, err := io.WriteString(w, `{"id":"ch_1"}`)
+		return err
+	})
+	first := h.do(post("k-own", `{"amount":100}`))
+	if first.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	h.waitRun()
+	j := h.job(first.Header().Get(HeaderJobID))
+	wantOwnHeaders(t, "first answer", first.Header(), j, false)
+	for _, name := range []string{HeaderJobID, HeaderReplayed, HeaderExpires} {
+		if v, ok := j.Response.Header[name]; ok {
+			t.Errorf("stored answer carries %s %q", name, v)
+		}
+	}
+	wantOwnHeaders(t, "replay", h.do(post("k-own", `{"amount":100}`)).Header(), j, true)
 }
