@@ -98,9 +98,7 @@ func (m *Middleware) join(w http.ResponseWriter, r *http.Request, j *ledger.Job,
 	if _, _, cut, _ := s.next(0); cut {
 		return false
 	}
-	h := w.Header()
-	m.setAnswerHeader(h, j.Response.Header, j.ID, true)
-	setExpires(h, j.ExpiresAt)
+	m.setAnswerHeader(w.Header(), j.Response.Header, j.ID, true) // replay set the expiry
 	m.cfg.SetVar(r, "replayed", "true")
 	w.WriteHeader(j.Response.Status)
 	rc := http.NewResponseController(w)
