@@ -209,9 +209,26 @@ func (r *Response) Clone() *Response {
 	c := *r
 	if r.Header != nil {
 		c.Header = make(map[string][]string, len(r.Header))
-		for k, v := range r.Header {
-			c.Header[k] = append([]string(nil), v...)
-		}
+		CopyHeader(c.Header, r.Header)
 	}
 	return &c
+}
+
+// CopyHeader sets in dst a copy of each of src's fields: the values are
+// copied (into one array for them all, as http.Header.Clone does), so that
+// whoever holds dst may change them in place without changing src.
+func CopyHeader(dst, src map[string][]string) {
+	n := 0
+	for _, v := range src {
+		n += len(v)
+	}
+	values := make([]string, n)
+	for k, v := range src {
+		if len(v) == 0 {
+			dst[k] = nil
+			continue
+		}
+		n = copy(values, v)
+		dst[k], values = values[:n:n], values[n:]
+	}
 }

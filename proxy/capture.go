@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/ledger"
 )
 
 // capture is the ResponseWriter an attempt's handler writes to. It buffers
@@ -257,7 +258,7 @@ func (m *Middleware) storable(h map[string][]string) map[string][]string {
 // private ones (Middleware.storable).
 func storedHeader(h http.Header) map[string][]string {
 	out := make(map[string][]string, len(h))
-	copyHeader(out, h)
+	ledger.CopyHeader(out, h)
 	for _, c := range h["Connection"] {
 		for _, f := range bytes.Split([]byte(c), []byte{','}) {
 			if name := string(bytes.TrimSpace(f)); name != "" {
@@ -271,26 +272,6 @@ func storedHeader(h http.Header) map[string][]string {
 		}
 	}
 	return out
-}
-
-// copyHeader sets in dst a copy of each of src's fields: the values are
-// copied (into one array for them all, as http.Header.Clone does), so that
-// whoever holds dst may change them in place, as Caddy's deferred `header`
-// operations do, without changing src.
-func copyHeader(dst, src map[string][]string) {
-	n := 0
-	for _, v := range src {
-		n += len(v)
-	}
-	values := make([]string, n)
-	for k, v := range src {
-		if len(v) == 0 {
-			dst[k] = nil
-			continue
-		}
-		n = copy(values, v)
-		dst[k], values = values[:n:n], values[n:]
-	}
 }
 
 // emptyBody is the body of an attempt whose request has none. It is not nil

@@ -463,7 +463,7 @@ func (m *Middleware) setAnswerHeader(h http.Header, src map[string][]string, job
 	if replayed {
 		src = m.storable(src)
 	}
-	copyHeader(h, src)
+	ledger.CopyHeader(h, src) // h's values may be rewritten in place, as Caddy's deferred `header` operations do
 	setCanonical(h, HeaderJobID, jobID)
 	if replayed {
 		setCanonical(h, HeaderReplayed, "true")
