@@ -125,8 +125,8 @@ func (rc *reconciler) reconcile(ctx context.Context, p *Provider, a *ledger.Atte
 	case slices.Contains(p.lookupAbsent(), status):
 		res.Absent, result = true, reconcileFailed
 	case status >= 200 && status <= 299:
-		header.Set(proxy.HeaderReconciled, "lookup")
 		res.Found, result = rc.stored(status, header, body), reconcileCompleted
+		res.Found.Header[proxy.HeaderReconciled] = []string{"lookup"}
 	}
 	if !res.Absent && res.Found == nil {
 		res.Retry = lookupBackoff(rc.every, a.Lookups().Tries)

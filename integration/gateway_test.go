@@ -406,6 +406,7 @@ func TestProviderOwnHeadersIgnored(t *testing.T) {
 			w.Header().Set("Idempotency-Job-Id", "job_forged")
 			w.Header().Set("Idempotent-Replayed", "forged")
 			w.Header().Set("Idempotency-Expires", "Thu, 01 Jan 1970 00:00:00 GMT")
+			w.Header().Set("Idempotency-Reconciled", "lookup")
 			fmt.Fprintf(w, `{"n":%d}`, n)
 		})
 		g := startGateway(t, b, site(up.addr()))
@@ -426,6 +427,9 @@ func TestProviderOwnHeadersIgnored(t *testing.T) {
 			}
 			if got := h.Values("Idempotent-Replayed"); !slices.Equal(got, tc.replayed) {
 				t.Errorf("%s: Idempotent-Replayed %q, want %q", tc.name, got, tc.replayed)
+			}
+			if got := h.Values("Idempotency-Reconciled"); got != nil {
+				t.Errorf("%s: Idempotency-Reconciled %q on an answer no lookup found", tc.name, got)
 			}
 			got := h.Values("Idempotency-Expires")
 			at, err := http.ParseTime(h.Get("Idempotency-Expires"))

@@ -27,7 +27,8 @@ const (
 	HeaderAttempt    = "Idempotency-Attempt"
 	HeaderReplayed   = "Idempotent-Replayed"
 	// HeaderReconciled marks an answer a reconciler's lookup stored: its
-	// value is "lookup", and replays carry it with the answer.
+	// value is "lookup", and replays carry it with the answer. A provider's
+	// answer never carries it (storedHeader).
 	HeaderReconciled = "Idempotency-Reconciled"
 	// HeaderExpires tells when a settled job's key stops being one intent:
 	// onejob's header, not the IETF draft's.

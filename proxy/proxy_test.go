@@ -1862,6 +1862,7 @@ func forgeOwnHeaders(h http.Header) {
 	h.Set(HeaderJobID, "job_forged")
 	h.Set(HeaderReplayed, "forged")
 	h.Set(HeaderExpires, "Thu, 01 Jan 1970 00:00:00 GMT")
+	h.Set(HeaderReconciled, "lookup")
 }
 
 // wantOwnHeaders fails unless h carries the gateway's own headers for job
@@ -1882,6 +1883,9 @@ func wantOwnHeaders(t *testing.T, name string, h http.Header, j *ledger.Job, rep
 	if got := h.Values(HeaderReplayed); !slices.Equal(got, want) {
 		t.Errorf("%s: %s %q, want %q", name, HeaderReplayed, got, want)
 	}
+	if got := h.Values(HeaderReconciled); got != nil {
+		t.Errorf("%s: %s %q on an answer no lookup found", name, HeaderReconciled, got)
+	}
 }
 
 // A provider's own Idempotency-Job-Id, Idempotent-Replayed or
@@ -1901,7 +1905,7 @@ func TestProviderCannotSetOwnHeaders(t *testing.T) {
 	h.waitRun()
 	j := h.job(first.Header().Get(HeaderJobID))
 	wantOwnHeaders(t, "first answer", first.Header(), j, false)
-	for _, name := range []string{HeaderJobID, HeaderReplayed, HeaderExpires} {
+	for _, name := range []string{HeaderJobID, HeaderReplayed, HeaderExpires, HeaderReconciled} {
 		if v, ok := j.Response.Header[name]; ok {
 			t.Errorf("stored answer carries %s %q", name, v)
 		}
