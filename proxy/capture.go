@@ -217,9 +217,9 @@ var neverStoredHeaders = func() map[string]bool {
 // NeverStored reports whether the header named name (in any case) is one no
 // stored answer carries (docs/contract.md, section 5): a hop-by-hop header,
 // Date, which a replay sets anew, one of the gateway's own (OwnHeader), or
-// Set-Cookie, which only the first client gets. A handler's never_store names more (Middleware.NeverStored).
-// An answer given by other means (an operator's, through the admin API) is
-// held to the same rule.
+// Set-Cookie, which only the first client gets. A handler's never_store
+// names more (Middleware.NeverStored). An answer given by other means (an
+// operator's, through the admin API) is held to the same rule.
 func NeverStored(name string) bool {
 	_, ok := neverStoredHeaders[http.CanonicalHeaderKey(name)]
 	return ok
