@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 )
@@ -127,4 +128,26 @@ func TestIdempotencyExpires(t *testing.T) {
 	}
 	close(release)
 	recv(t, firstCh, "the first answer")
+}
+
+// A waiter's answer says the wait it got even when the stored answer says
+// what the provider applied to the first request: both, as two fields of
+// the one list (it said the provider's alone).
+func TestPreferenceAppliedKeepsBoth(t *testing.T) {
+	minimal := func(w http.ResponseWriter, r *http.Request, n int) error {
+		w.Header().Set(HeaderPreferenceApplied, "return=minimal")
+		return created(w, r, n)
+	}
+	h, release, first, dupCh := waitScenarioDup(t, Config{AttemptTimeout: patience}, minimal, withPrefer(post("k", `{}`), "wait=30"))
+	close(release)
+	if got := recv(t, first, "the first answer").Header().Values(HeaderPreferenceApplied); !slices.Equal(got, []string{"return=minimal"}) {
+		t.Errorf("first answer: %s %q", HeaderPreferenceApplied, got)
+	}
+	dup := recv(t, dupCh, "the duplicate's answer")
+	if got := dup.Header().Values(HeaderPreferenceApplied); !slices.Equal(got, []string{"return=minimal", "wait=30"}) || dup.Header().Get(HeaderReplayed) != "true" {
+		t.Errorf("waiter: %s %q, want the provider's and the wait", HeaderPreferenceApplied, got)
+	}
+	if got := h.do(post("k", `{}`)).Header().Values(HeaderPreferenceApplied); !slices.Equal(got, []string{"return=minimal"}) {
+		t.Errorf("replay without Prefer: %s %q", HeaderPreferenceApplied, got)
+	}
 }

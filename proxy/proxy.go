@@ -457,16 +457,24 @@ func (m *Middleware) writeAnswer(w http.ResponseWriter, a *ledger.Response, jobI
 // setAnswerHeader sets in h, a client's answer's header, the answer's
 // fields from src and the job's id; a replay is marked, and goes without
 // the headers m never stores (an answer stored before one was named
-// still holds it). The values are copied: src's are the ledger's or the
-// provider's, and h's may be rewritten in place by a handler in front.
+// still holds it), keeping the Preference-Applied a waiter was given
+// beside the stored answer's. The values are copied: src's are the
+// ledger's or the provider's, and h's may be rewritten in place by a
+// handler in front.
 func (m *Middleware) setAnswerHeader(h http.Header, src map[string][]string, jobID string, replayed bool) {
+	var applied []string
 	if replayed {
 		src = m.storable(src)
+		applied = h[HeaderPreferenceApplied] // the wait a duplicate got (waitFor)
 	}
 	ledger.CopyHeader(h, src) // h's values may be rewritten in place, as Caddy's deferred `header` operations do
 	setCanonical(h, HeaderJobID, jobID)
 	if replayed {
 		setCanonical(h, HeaderReplayed, "true")
+		if _, both := src[HeaderPreferenceApplied]; both && applied != nil {
+			// What the provider applied to the first request, and the wait.
+			h[HeaderPreferenceApplied] = append(h[HeaderPreferenceApplied], applied...)
+		}
 	}
 }
 
