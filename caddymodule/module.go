@@ -365,7 +365,7 @@ func (h *Handler) startReconciler(ctx caddy.Context, l ledger.Ledger, obs *metri
 		every:     c.ReconcileEvery,
 		timeout:   c.AttemptTimeout,
 		max:       c.MaxResponseBody,
-		stored:    h.mw.Stored,
+		found:     h.mw.Found,
 		metrics:   obs,
 		logger:    h.logger.With(zap.String("scope", h.scope)),
 	}

@@ -42,9 +42,9 @@ type reconciler struct {
 	ledger    ledger.Ledger
 	providers []*Provider // those with a lookup
 	every     time.Duration
-	timeout   time.Duration // one lookup's bound: attempt_timeout
-	max       int64         // the largest answer kept: max_response_body
-	stored    func(status int, h http.Header, body []byte) *ledger.Response
+	timeout   time.Duration                                                 // one lookup's bound: attempt_timeout
+	max       int64                                                         // the largest answer kept: max_response_body
+	found     func(status int, h http.Header, body []byte) *ledger.Response // Middleware.Found
 	metrics   *metrics
 	logger    *zap.Logger
 }
@@ -125,8 +125,7 @@ func (rc *reconciler) reconcile(ctx context.Context, p *Provider, a *ledger.Atte
 	case slices.Contains(p.lookupAbsent(), status):
 		res.Absent, result = true, reconcileFailed
 	case status >= 200 && status <= 299:
-		res.Found, result = rc.stored(status, header, body), reconcileCompleted
-		res.Found.Header[proxy.HeaderReconciled] = []string{"lookup"}
+		res.Found, result = rc.found(status, header, body), reconcileCompleted
 	}
 	if !res.Absent && res.Found == nil {
 		res.Retry = lookupBackoff(rc.every, a.Lookups().Tries)

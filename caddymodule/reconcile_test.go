@@ -68,7 +68,7 @@ func TestReconcilerSettlesByLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := &reconciler{ledger: l, providers: []*Provider{p}, every: 10 * time.Second, timeout: time.Second, max: 1 << 20,
-		stored: mw.Stored, metrics: obs, logger: zap.NewNop()}
+		found: mw.Found, metrics: obs, logger: zap.NewNop()}
 
 	pending, absent, found := unknownJob(t, l), unknownJob(t, l), unknownJob(t, l)
 	uri := func(r ledger.Reservation) string { return "/charges/" + r.Job.ID + "/1" }

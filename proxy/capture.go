@@ -271,7 +271,7 @@ func storedHeader(h http.Header) map[string][]string {
 			delete(out, k)
 		}
 	}
-	delete(out, HeaderReconciled) // the reconciler marks the answers its lookups find
+	delete(out, HeaderReconciled) // only a lookup's answer carries it (Middleware.Found)
 	return out
 }
 

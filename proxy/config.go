@@ -28,7 +28,7 @@ const (
 	HeaderReplayed   = "Idempotent-Replayed"
 	// HeaderReconciled marks an answer a reconciler's lookup stored: its
 	// value is "lookup", and replays carry it with the answer. A provider's
-	// answer never carries it (storedHeader).
+	// answer never carries it (storedHeader, Middleware.Found).
 	HeaderReconciled = "Idempotency-Reconciled"
 	// HeaderExpires tells when a settled job's key stops being one intent:
 	// onejob's header, not the IETF draft's.

@@ -440,11 +440,14 @@ func setCanonical(h http.Header, field, v string) {
 	h[field] = []string{v}
 }
 
-// Stored returns the answer the ledger keeps of status, header and body, as
-// an attempt's answer is kept: end-to-end headers without the private ones.
-func (m *Middleware) Stored(status int, header http.Header, body []byte) *ledger.Response {
-	return &ledger.Response{Status: status, Header: m.storable(storedHeader(header)), Body: body,
-		Size: int64(len(body)), Stored: true}
+// Found returns the answer a reconciler's lookup found (status, header and
+// body) as the ledger keeps it: as an attempt's answer is kept (end-to-end
+// headers without the private ones), and marked as the lookup's with
+// HeaderReconciled, which storedHeader takes from every provider's answer.
+func (m *Middleware) Found(status int, header http.Header, body []byte) *ledger.Response {
+	h := m.storable(storedHeader(header))
+	h[HeaderReconciled] = []string{"lookup"}
+	return &ledger.Response{Status: status, Header: h, Body: body, Size: int64(len(body)), Stored: true}
 }
 
 // writeAnswer sends a recorded answer.
