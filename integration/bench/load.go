@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -19,6 +20,12 @@ type sample struct {
 	p50, p99 time.Duration
 	requests int64
 	cpu      time.Duration // the server's CPU time per request; 0 if not measured
+	// Where the machine's CPU went, per request (withShares): every core's
+	// busy time, the load generator's and the upstream's; load is the
+	// load generator's total until withShares divides it.
+	machine, load, upstream time.Duration
+	busy                    float64 // the cores' busy time over the run's wall time, 0 to 1
+	cores                   int
 }
 
 // runWrk drives url for d with wrk and request.lua in the given mode.
@@ -27,11 +34,23 @@ func runWrk(cfg config, url string, d time.Duration, mode, prefix string, keys i
 		"-d", fmt.Sprintf("%.0fs", d.Seconds()), "--latency", "--timeout", "10s",
 		"-s", filepath.Join(cfg.dir, "request.lua"), url + "/charges",
 		"--", mode, prefix, strconv.Itoa(keys)}
-	out, err := cfg.command(loadCPU, cfg.wrk, args...).CombinedOutput()
+	cmd := cfg.command(loadCPU, cfg.wrk, args...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return sample{}, fmt.Errorf("wrk: %v\n%s", err, out)
 	}
-	return parseWrk(out)
+	s, err := parseWrk(out)
+	s.load = exitedCPU(cmd)
+	return s, err
+}
+
+// exitedCPU returns the CPU time (user + system) of cmd's process, which
+// has exited.
+func exitedCPU(cmd *exec.Cmd) time.Duration {
+	if cmd.ProcessState == nil {
+		return 0
+	}
+	return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 }
 
 var (
@@ -91,7 +110,7 @@ func runPgbench(cfg config, dsn, schema string, d time.Duration) (sample, error)
 	if err != nil {
 		return sample{}, fmt.Errorf("pgbench: %v\n%s", err, out)
 	}
-	var s sample
+	s := sample{load: exitedCPU(cmd)}
 	m := regexp.MustCompile(`tps = ([\d.]+) \(without initial connection time\)`).FindSubmatch(out)
 	if m == nil {
 		return s, fmt.Errorf("pgbench: unexpected output:\n%s", out)

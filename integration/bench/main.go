@@ -127,6 +127,7 @@ func main() {
 	}
 	if results != nil {
 		printTable(os.Stdout, results)
+		printShares(os.Stdout, results)
 		printLedgerTimes(os.Stdout, results)
 		printSweep(os.Stdout, swept)
 		printRedisLoad(os.Stdout, results)
@@ -217,8 +218,12 @@ type result struct {
 	p50, p99 time.Duration
 	cpu      time.Duration // per request; 0 when not measured
 	peakRSS  int64         // bytes; 0 when not measured
-	baseline string        // the series it is compared with
-	target   target        // what it must reach against the baseline
+	// Where the machine's CPU went, per request (sample's fields).
+	machine, load, upstream time.Duration
+	busy                    float64
+	cores                   int
+	baseline                string // the series it is compared with
+	target                  target // what it must reach against the baseline
 	// Mean ledger time per request, by operation, from the gateway's
 	// caddy_idempotency_ledger_seconds (fresh series).
 	reserve, complete time.Duration
@@ -531,7 +536,7 @@ func (r *seriesRun) warm(cfg config, up *upstream) error {
 // once takes one measured run, numbered rep.
 func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
 	if r.s.mode == "pgbench" {
-		smp, err := runPgbench(cfg, cfg.postgres, "bench", cfg.duration)
+		smp, err := withShares(func() (sample, error) { return runPgbench(cfg, cfg.postgres, "bench", cfg.duration) })
 		if err != nil {
 			return err
 		}
@@ -548,7 +553,9 @@ func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
 	}
 	start := time.Now()
 	hits, cpu := up.sentBy(r.prefix(rep)), r.srv.cpu()
-	smp, err := runWrk(cfg, r.srv.url, cfg.duration, r.s.mode, r.prefix(rep), r.keys)
+	smp, err := withShares(func() (sample, error) {
+		return runWrk(cfg, r.srv.url, cfg.duration, r.s.mode, r.prefix(rep), r.keys)
+	})
 	if err != nil {
 		return fmt.Errorf("%v\nserver log:\n%s", err, r.srv.output())
 	}
@@ -668,6 +675,12 @@ func median(samples []sample) result {
 		p50: time.Duration(pick(func(s sample) float64 { return float64(s.p50) })),
 		p99: time.Duration(pick(func(s sample) float64 { return float64(s.p99) })),
 		cpu: time.Duration(pick(func(s sample) float64 { return float64(s.cpu) })),
+
+		machine:  time.Duration(pick(func(s sample) float64 { return float64(s.machine) })),
+		load:     time.Duration(pick(func(s sample) float64 { return float64(s.load) })),
+		upstream: time.Duration(pick(func(s sample) float64 { return float64(s.upstream) })),
+		busy:     pick(func(s sample) float64 { return s.busy }),
+		cores:    samples[0].cores,
 	}
 }
 
