@@ -20,12 +20,7 @@ type sample struct {
 	p50, p99 time.Duration
 	requests int64
 	cpu      time.Duration // the server's CPU time per request; 0 if not measured
-	// Where the machine's CPU went, per request (withShares): every core's
-	// busy time, the load generator's and the upstream's; load is the
-	// load generator's total until withShares divides it.
-	machine, load, upstream time.Duration
-	busy                    float64 // the cores' busy time over the run's wall time, 0 to 1
-	cores                   int
+	shares                 // where the machine's CPU went (withShares)
 }
 
 // runWrk drives url for d with wrk and request.lua in the given mode.
@@ -110,7 +105,7 @@ func runPgbench(cfg config, dsn, schema string, d time.Duration) (sample, error)
 	if err != nil {
 		return sample{}, fmt.Errorf("pgbench: %v\n%s", err, out)
 	}
-	s := sample{load: exitedCPU(cmd)}
+	s := sample{shares: shares{load: exitedCPU(cmd)}}
 	m := regexp.MustCompile(`tps = ([\d.]+) \(without initial connection time\)`).FindSubmatch(out)
 	if m == nil {
 		return s, fmt.Errorf("pgbench: unexpected output:\n%s", out)

@@ -21,6 +21,16 @@ import (
 // machine to carry a rate; this shows what the server could take per
 // request for the machine to have the CPU for it.
 
+// shares is where the machine's CPU went over a run, per request: every
+// core's busy time, the load generator's and the upstream's (the server's
+// is the sample's cpu). In a sample, load is the load generator's total
+// until withShares divides it.
+type shares struct {
+	machine, load, upstream time.Duration
+	busy                    float64 // the cores' busy time over the run's wall time, 0 to 1
+	cores                   int
+}
+
 // procTicks is the unit of /proc's CPU times (USER_HZ on Linux).
 const procTicks = 100
 

@@ -29,16 +29,16 @@ processes 42
 func TestPrintShares(t *testing.T) {
 	us := time.Microsecond
 	results := []result{
-		{name: "plain_reverse_proxy", rps: 10000, cpu: 100 * us, machine: 190 * us, load: 40 * us, upstream: 30 * us, busy: 0.95, cores: 2},
+		{name: "plain_reverse_proxy", rps: 10000, cpu: 100 * us, shares: shares{machine: 190 * us, load: 40 * us, upstream: 30 * us, busy: 0.95, cores: 2}},
 		// 0.6x of 10,000 req/s on 2 cores: 333.3 us a request; all but
 		// the server took 260: the server could take 73.3.
-		{name: "near", rps: 4000, cpu: 240 * us, machine: 500 * us, load: 40 * us, upstream: 30 * us, busy: 1, cores: 2,
+		{name: "near", rps: 4000, cpu: 240 * us, shares: shares{machine: 500 * us, load: 40 * us, upstream: 30 * us, busy: 1, cores: 2},
 			baseline: "plain_reverse_proxy", target: target{ratio: 0.6}},
 		// All but the server took 400, more than 333.3.
-		{name: "far", rps: 3000, cpu: 100 * us, machine: 500 * us, load: 40 * us, upstream: 30 * us, busy: 0.75, cores: 2,
+		{name: "far", rps: 3000, cpu: 100 * us, shares: shares{machine: 500 * us, load: 40 * us, upstream: 30 * us, busy: 0.75, cores: 2},
 			baseline: "plain_reverse_proxy", target: target{ratio: 0.6}},
 		// No ratio target: no budget.
-		{name: "cpu_only", rps: 3000, cpu: 100 * us, machine: 500 * us, cores: 2,
+		{name: "cpu_only", rps: 3000, cpu: 100 * us, shares: shares{machine: 500 * us, cores: 2},
 			baseline: "plain_reverse_proxy", target: target{cpuRatio: 1.15}},
 	}
 	var b strings.Builder

@@ -218,12 +218,9 @@ type result struct {
 	p50, p99 time.Duration
 	cpu      time.Duration // per request; 0 when not measured
 	peakRSS  int64         // bytes; 0 when not measured
-	// Where the machine's CPU went, per request (sample's fields).
-	machine, load, upstream time.Duration
-	busy                    float64
-	cores                   int
-	baseline                string // the series it is compared with
-	target                  target // what it must reach against the baseline
+	shares                 // where the machine's CPU went: each measure's median
+	baseline string        // the series it is compared with
+	target   target        // what it must reach against the baseline
 	// Mean ledger time per request, by operation, from the gateway's
 	// caddy_idempotency_ledger_seconds (fresh series).
 	reserve, complete time.Duration
@@ -676,11 +673,13 @@ func median(samples []sample) result {
 		p99: time.Duration(pick(func(s sample) float64 { return float64(s.p99) })),
 		cpu: time.Duration(pick(func(s sample) float64 { return float64(s.cpu) })),
 
-		machine:  time.Duration(pick(func(s sample) float64 { return float64(s.machine) })),
-		load:     time.Duration(pick(func(s sample) float64 { return float64(s.load) })),
-		upstream: time.Duration(pick(func(s sample) float64 { return float64(s.upstream) })),
-		busy:     pick(func(s sample) float64 { return s.busy }),
-		cores:    samples[0].cores,
+		shares: shares{
+			machine:  time.Duration(pick(func(s sample) float64 { return float64(s.machine) })),
+			load:     time.Duration(pick(func(s sample) float64 { return float64(s.load) })),
+			upstream: time.Duration(pick(func(s sample) float64 { return float64(s.upstream) })),
+			busy:     pick(func(s sample) float64 { return s.busy }),
+			cores:    samples[0].cores,
+		},
 	}
 }
 
