@@ -14,6 +14,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fuzztime=${1:-${FUZZTIME:-10s}}
+# Each target's go test may run for its fuzztime and three minutes more
+# (building, the seed corpus, the workers' start and stop); a count of
+# runs ("1000x") gets ten minutes.
+case "$fuzztime" in
+*s) timeout=$((${fuzztime%s} + 180))s ;;
+*m) timeout=$((${fuzztime%m} + 3))m ;;
+*h) timeout=$((${fuzztime%h} * 60 + 3))m ;;
+*) timeout=10m ;;
+esac
 failed=()
 flaked=()
 count=0
@@ -22,7 +31,7 @@ trap 'rm -f "$out"' EXIT
 
 for pkg in $(go list ./...); do
 	dir=$(go list -f '{{.Dir}}' "$pkg")
-	if ! list=$(go test -list '^Fuzz' "$pkg" 2>&1); then
+	if ! list=$(go test -timeout 2m -list '^Fuzz' "$pkg" 2>&1); then
 		echo "$list"
 		failed+=("$pkg (listing its tests failed)")
 		continue
@@ -33,7 +42,7 @@ for pkg in $(go list ./...); do
 		corpus="$dir/testdata/fuzz/$target"
 		before=$(ls "$corpus" 2>/dev/null || true)
 		echo "== $pkg $target ($fuzztime)"
-		if go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" >"$out" 2>&1; then
+		if go test -timeout "$timeout" -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" >"$out" 2>&1; then
 			grep -v '^fuzz: elapsed' "$out" || true
 			continue
 		fi

@@ -11,18 +11,40 @@ import (
 	"testing"
 )
 
-// reload loads site in place of the gateway's site through the admin API,
-// as an operator changes the configuration of a running gateway.
+// generationHost is the site beside each gateway's, on its port, that
+// answers generationPrefix and the configuration's generation, which reload
+// counts up: a request there says which configuration's server took it.
+const (
+	generationHost   = "generation.onejob.test"
+	generationPrefix = "generation "
+)
+
+// reload replaces from with to in the gateway's Caddyfile and loads it
+// through the admin API, as an operator changes the configuration of a
+// running gateway, then waits until the new configuration answers.
+//
+// The old configuration's server shuts down once /load has started the
+// new one; until then it may still take a connection, serve a request with
+// the old configuration, or close a connection a request was just sent on
+// (EOF, on a fresh connection that no client re-sends on). A client of a
+// reloading Caddy sees that too; the tests count requests from the new
+// configuration on.
 func (g *gateway) reload(t *testing.T, from, to string) {
 	t.Helper()
 	b, err := os.ReadFile(g.config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), from) {
+	config := string(b)
+	if !strings.Contains(config, from) {
 		t.Fatalf("the config has no %q", from)
 	}
-	next := strings.Replace(string(b), from, to, 1)
+	var gen int
+	if _, err := fmt.Sscanf(config[strings.Index(config, `respond "`+generationPrefix)+len(`respond "`):], generationPrefix+"%d", &gen); err != nil {
+		t.Fatalf("the config has no generation site: %v", err)
+	}
+	next := strings.Replace(config, from, to, 1)
+	next = strings.Replace(next, fmt.Sprintf(`"%s%d"`, generationPrefix, gen), fmt.Sprintf(`"%s%d"`, generationPrefix, gen+1), 1)
 	req, _ := http.NewRequest(http.MethodPost, "http://"+g.admin+"/load", strings.NewReader(next))
 	req.Header.Set("Content-Type", "text/caddyfile")
 	resp, err := http.DefaultClient.Do(req)
@@ -37,11 +59,26 @@ func (g *gateway) reload(t *testing.T, from, to string) {
 	if err := os.WriteFile(g.config, []byte(next), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The old configuration's server closes its idle connections as it
-	// shuts down; a request sent on one of them meanwhile reads EOF, or is
-	// served by the old configuration. A client of a reloading Caddy sees
-	// that too; the tests' requests go to the new configuration.
-	http.DefaultClient.CloseIdleConnections()
+	want := fmt.Sprintf("%s%d", generationPrefix, gen+1)
+	eventually(t, "the reloaded configuration answers", func() bool { return g.generation() == want })
+}
+
+// generation asks the gateway's generation site which configuration
+// answers; "" when the request failed (a connection the old server
+// closed).
+func (g *gateway) generation() string {
+	req, _ := http.NewRequest(http.MethodGet, g.url+"/", nil)
+	req.Host = generationHost
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // TestFingerprintSelection: with `fingerprint json { exclude ... }` a

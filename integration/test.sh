@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Runs every onejob test: gofmt, go vet, the unit tests with -race, the
-# integration-tagged tests (the built binary, headless Chromium) against
-# throwaway PostgreSQL and Redis servers (see services.sh), which are
-# stopped on success, failure or interrupt; then every fuzz target briefly
-# (fuzz.sh) and short chaos soaks (chaos/run.sh --short): on PostgreSQL, on
-# Redis, and on Redis Cluster with replicas 1.
+# Runs every onejob test: gofmt, go vet, the unit tests with -race (with the
+# ledgers' own tests against throwaway PostgreSQL and Redis servers, see
+# services.sh, which are stopped on success, failure or interrupt), the
+# integration-tagged tests of the built binary and headless Chromium in
+# shards by area, then every fuzz target briefly (fuzz.sh) and short chaos
+# soaks (chaos/run.sh --short): on PostgreSQL, on Redis, and on Redis
+# Cluster with replicas 1.
 #
-# Usage: ./integration/test.sh [go test flags for the integration run, e.g. -run Postgres]
+# Every go test runs once per test (-count=1) under a -timeout of its own,
+# chosen at about three times what its stage takes on a quiet two-core
+# machine; testreport prints each test's result as it ends, then how many
+# passed, failed, were skipped or retried (a skip or a retry fails the run),
+# what each failed test printed, and after a timeout the tests that were
+# running.
+#
+# Usage: ./integration/test.sh [go test flags for the integration package,
+# e.g. -run Postgres; they replace its shards with one run]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . integration/services.sh
@@ -24,6 +33,21 @@ stage() {
 	log "$1"
 }
 
+go build -o "$WORK/testreport" ./integration/testreport
+
+# gotest NAME TIMEOUT ARGS...: go test -race -count=1 -timeout TIMEOUT -json
+# ARGS, reported by testreport under NAME.
+gotest() {
+	local name=$1 timeout=$2
+	shift 2
+	local status
+	set +e
+	go test -race -count=1 -timeout "$timeout" -json "$@" 2>&1 | "$WORK/testreport" -stage "$name"
+	status=("${PIPESTATUS[@]}")
+	set -e
+	[ "${status[0]}" -eq 0 ] && [ "${status[1]}" -eq 0 ] || exit 1
+}
+
 # --- tests -------------------------------------------------------------------
 
 stage "gofmt"
@@ -34,33 +58,27 @@ stage "go vet"
 go vet ./...
 go vet -tags integration ./...
 
-stage "unit tests (go test -race ./...)"
-go test -race -count=1 ./...
+# The unit tests run with the integration tag: the same tests, and the
+# ledgers' own against the real servers, in one pass.
+stage "unit tests and the ledgers on PostgreSQL and Redis (go test -race -tags integration, every package but ./integration)"
+gotest "unit" 15m -tags integration $(go list -tags integration ./... | grep -v '/integration$')
 
-stage "integration tests (PostgreSQL, Redis, the built binary)"
-set +e
-go test -race -count=1 -tags integration -v "$@" ./... 2>&1 | tee "$WORK/integration.log" |
-	grep --line-buffered -E '^\s*(--- (PASS|FAIL|SKIP)|FAIL|ok |panic:)'
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -ne 0 ]; then
-	# The end of the output first, then what each failed test said (the
-	# lines go test -v printed while it ran, up to its "--- FAIL"), last,
-	# so that a log cut to its end still shows them.
-	log "integration tests failed; the end of their output:"
-	grep -v -E '^\s*=== (RUN|PAUSE|CONT|NAME)' "$WORK/integration.log" | tail -n 100 >&2
-	log "each failed test with what it said:"
-	awk -f integration/failures.awk "$WORK/integration.log" >&2
-	exit "$status"
+# The integration package, in shards by area (shards.txt), each its own
+# go test; every test file of the package is in one shard.
+export ONEJOB_TEST_CADDY="$WORK/caddy"
+go build -o "$ONEJOB_TEST_CADDY" ./cmd/caddy
+if [ $# -gt 0 ]; then
+	stage "integration tests ($*)"
+	gotest "integration" 30m -tags integration "$@" ./integration
+else
+	shards=$(integration/shards.sh)
+	while read -r area timeout files; do
+		tests=$(cd integration && grep -h -o '^func Test[A-Za-z0-9_]*' $files | sed 's/^func //' | grep -v '^TestMain$' | paste -sd '|')
+		[ -n "$tests" ] || { echo "shard $area has no tests" >&2; exit 1; }
+		stage "integration: $area"
+		gotest "integration: $area" "$timeout" -tags integration -run "^($tests)\$" ./integration
+	done <<<"$shards"
 fi
-if grep -q -- '--- SKIP' "$WORK/integration.log"; then
-	echo "integration tests skipped, which the harness forbids:" >&2
-	grep -- '--- SKIP' "$WORK/integration.log" >&2
-	exit 1
-fi
-passed=$(grep -c -- '--- PASS' "$WORK/integration.log" || true)
-failed=$(grep -c -- '--- FAIL' "$WORK/integration.log" || true)
-echo "integration: $passed passed, $failed failed"
 
 stage "fuzzing (every target briefly, from its checked-in corpus)"
 ./integration/fuzz.sh "${FUZZTIME:-10s}"
