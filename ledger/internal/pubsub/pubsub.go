@@ -55,7 +55,7 @@ func Sharded(client *redis.ClusterClient, channels []string) ledger.Session {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		errs := make(chan error, len(groups))
-		confirmed := make(chan struct{}, len(groups))
+		confirmed := make(chan string, len(groups))
 		for addr, chans := range groups {
 			go func() {
 				ps := nodes[addr].SSubscribe(ctx, chans[0])
@@ -66,7 +66,7 @@ func Sharded(client *redis.ClusterClient, channels []string) ledger.Session {
 						return
 					}
 				}
-				err := receive(ctx, ps, "ssubscribe", chans, func() { confirmed <- struct{}{} }, wake)
+				err := receive(ctx, ps, "ssubscribe", chans, func() { confirmed <- addr }, wake)
 				errs <- fmt.Errorf("%s: %w", addr, err)
 			}()
 		}
@@ -74,9 +74,11 @@ func Sharded(client *redis.ClusterClient, channels []string) ledger.Session {
 		var err error
 		for err == nil {
 			select {
-			case <-confirmed:
-				if waiting--; waiting == 0 {
-					ready()
+			case addr := <-confirmed:
+				if err = serves(ctx, nodes[addr], groups[addr][0]); err == nil {
+					if waiting--; waiting == 0 {
+						ready()
+					}
 				}
 			case err = <-errs:
 			}
@@ -87,6 +89,22 @@ func Sharded(client *redis.ClusterClient, channels []string) ledger.Session {
 		}
 		return err
 	}
+}
+
+// serves checks, once a node confirmed a shard subscription, that it is
+// the master of the channel's slot. A replica accepts the subscription
+// too, but hears a publication only if its master knows it as a replica
+// by then, which a master that just took over may not: a client whose slot
+// map predates a failover would subscribe on the old master and miss
+// completions. A master that gives up the slot later unsubscribes the
+// channel, which ends the session; a replica is told by the redirect its
+// keys get (the ledger's cluster client never sends READONLY).
+func serves(ctx context.Context, node *redis.Client, channel string) error {
+	err := node.Exists(ctx, channel).Err()
+	if err != nil && !redis.HasErrorPrefix(err, "ASK") {
+		return fmt.Errorf("%s does not serve %s as master: %w", node.Options().Addr, channel, err)
+	}
+	return nil
 }
 
 // errUnsubscribed ends a session whose server dropped a channel.
