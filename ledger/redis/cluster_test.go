@@ -616,10 +616,7 @@ func TestClusterFailover(t *testing.T) {
 func TestClusterSubscribesOnMasters(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ranges, err := clusterAdmin(t).ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ranges := replicatedSlots(ctx, t)
 	o, err := redis.ParseClusterURL(clusterURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -650,6 +647,32 @@ func TestClusterSubscribesOnMasters(t *testing.T) {
 	case err := <-ended:
 		if err == nil || !strings.Contains(err.Error(), "MOVED") {
 			t.Fatalf("the session on a replica ended with %v, want the replica's redirect", err)
+		}
+	}
+}
+
+// replicatedSlots returns the cluster's slot ranges once each lists a
+// replica: after a failover (an earlier test's) the old master is listed
+// as the new one's replica only a moment after the roles swapped.
+func replicatedSlots(ctx context.Context, t *testing.T) []redis.ClusterSlot {
+	t.Helper()
+	admin := clusterAdmin(t)
+	for {
+		ranges, err := admin.ClusterSlots(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole := true
+		for _, r := range ranges {
+			whole = whole && len(r.Nodes) > 1
+		}
+		if whole {
+			return ranges
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("a slot range still has no replica: %+v", ranges)
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
