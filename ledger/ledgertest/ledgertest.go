@@ -81,6 +81,7 @@ func run(t *testing.T, h Harness) {
 		{"ResendAfterOperator", testResendAfterOperator},
 		{"LookupCompletes", testLookupCompletes},
 		{"LookupAbsent", testLookupAbsent},
+		{"LookupAbsentThenResult", testLookupAbsentThenResult},
 		{"LookupOneHolder", testLookupOneHolder},
 	}
 	for _, tc := range tests {

@@ -71,6 +71,10 @@ func testLookupCompletes(t *testing.T, h Harness) {
 	if _, err := l.SettleLookup(ctx(t), ref2, "r4", ledger.LookupResult{Status: 200, Retry: 0}); !errors.Is(err, ledger.ErrStale) {
 		t.Errorf("a lookup settled without a claim: %v, want ErrStale", err)
 	}
+	// Nor is one by no holder at all: it is no repeat of a recorded lookup.
+	if _, err := l.SettleLookup(ctx(t), ref2, "", ledger.LookupResult{Status: 404, Absent: true}); !errors.Is(err, ledger.ErrStale) {
+		t.Errorf("a lookup settled by no holder without a claim: %v, want ErrStale", err)
+	}
 	if _, err := l.ClaimLookup(ctx(t), ref2, "r4", long); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +135,31 @@ func testLookupAbsent(t *testing.T, h Harness) {
 		t.Errorf("attempt after an absent lookup: error %q, reconciled %q", a.Error, a.Reconciled(j))
 	}
 	reserve(t, l, p, ledger.Reopened)
+}
+
+// testLookupAbsentThenResult: a lookup answered absent and failed the job,
+// then the attempt's own answer arrives after all. The answer loses, but it
+// proves the provider acted: the job is unknown again, expires no more, and
+// a retry is refused instead of re-opening it (SPEC section 1, rule 1).
+func testLookupAbsentThenResult(t *testing.T, h Harness) {
+	l := h.New(t)
+	p, r := unknownPastDeadline(t, l)
+	if _, err := l.ClaimLookup(ctx(t), r.Attempt.Ref(), "r1", long); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SettleLookup(ctx(t), r.Attempt.Ref(), "r1", ledger.LookupResult{Status: 404, Absent: true}); err != nil {
+		t.Fatal(err)
+	}
+	if c := complete(t, l, r.Attempt, "acted after all", false); c.Job.State != ledger.JobUnknown {
+		t.Errorf("the losing completion answers with the job %s, want unknown", c.Job.State)
+	}
+	j := job(t, l, r.Job.ID)
+	wantState(t, j, ledger.JobUnknown, ledger.AttemptLost)
+	if !j.ExpiresAt.IsZero() || !j.CompletedAt.IsZero() {
+		t.Errorf("the unknown job still expires at %v (settled at %v)", j.ExpiresAt, j.CompletedAt)
+	}
+	reserve(t, l, p, ledger.Unknown)
+	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptLost)
 }
 
 // testLookupOneHolder: instances claiming the same attempt at once get it

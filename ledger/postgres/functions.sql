@@ -45,30 +45,34 @@ LANGUAGE sql AS $$
 $$;
 
 -- refresh_lease records the job's starting attempts whose deadline passed as
--- unknown (fsm.ApplyLeases), recomputes lease_until, and makes a pending job
+-- unknown (fsm.ApplyLeases), recomputes lease_until, and makes the job
 -- unknown when nothing is starting and an attempt blocks new ones: it is
 -- unknown, or lost while no result won and no operator settled the job
--- since it started (its job_version is the job's version). The caller holds
+-- since it started (its job_version is the job's version). That holds for
+-- a pending job, and for a failed one whose attempt's late result showed
+-- that its provider acted after all: it expires no more. The caller holds
 -- the job's row lock.
 CREATE FUNCTION {{fn}}.refresh_lease(p_job uuid, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
 	n integer;
 	was text;
+	stuck boolean;
 	now_state text;
 BEGIN
 	UPDATE attempts SET state = 'unknown', finished_at = deadline, error = 'lease expired'
 	WHERE job_id = p_job AND state = 'starting' AND deadline <= p_now;
 	GET DIAGNOSTICS n = ROW_COUNT;
-	SELECT t.state INTO was FROM jobs t WHERE t.id = p_job;
+	SELECT t.state, t.state IN ('pending', 'failed') AND t.completed_by IS NULL
+		AND NOT EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state = 'starting')
+		AND EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job
+			AND (x.state = 'unknown' OR (x.state = 'lost' AND x.job_version = t.version)))
+	INTO was, stuck FROM jobs t WHERE t.id = p_job;
 	UPDATE jobs t SET
 		lease_until = (SELECT max(x.deadline) FROM attempts x WHERE x.job_id = p_job AND x.state = 'starting'),
-		state = CASE
-			WHEN t.state = 'pending' AND t.completed_by IS NULL
-				AND NOT EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state = 'starting')
-				AND EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job
-					AND (x.state = 'unknown' OR (x.state = 'lost' AND x.job_version = t.version)))
-			THEN 'unknown' ELSE t.state END
+		state = CASE WHEN stuck THEN 'unknown' ELSE t.state END,
+		completed_at = CASE WHEN stuck THEN NULL ELSE t.completed_at END,
+		expires_at = CASE WHEN stuck THEN NULL ELSE t.expires_at END
 	WHERE t.id = p_job
 	RETURNING t.state INTO now_state;
 	IF n > 0 OR was IS DISTINCT FROM now_state THEN
@@ -602,8 +606,8 @@ BEGIN
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		RETURN 'not_found';
-	ELSIF a.lookup_holder <> p_holder THEN
-		RETURN 'stale';
+	ELSIF a.lookup_holder <> p_holder OR (a.lookup_until IS NULL AND a.lookup_last_at IS NULL) THEN
+		RETURN 'stale'; -- not this holder's, or never claimed
 	ELSIF a.lookup_until IS NULL THEN
 		RETURN 'ok'; -- a repeat: this holder's lookup was recorded
 	ELSIF a.state <> 'unknown' OR a.lookup_until <= ts THEN

@@ -17,6 +17,7 @@ var released = map[int]string{
 	5: "f30f86b5ab51d07a6c8c2a06c62e9da1f37b64e39f4a6d1df8a0e9568e9e6ee9",
 	6: "4374db376de6e4c210d96d351e9240e91c7b48953b0c979d1a102b79cfeb4870",
 	7: "4279791cd980031d3ef43daa1287dfde120cf16fd83d8606fe93bc340d00050a",
+	8: "7c279f2af0e43f94a94be8e1d0781bb03d2dfd09387dc883650f401cc3e095ed",
 }
 
 // quotedFn is the functions' schema of schema onejob as functions.sql

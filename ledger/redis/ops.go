@@ -166,7 +166,7 @@ func (l *Ledger) start(ctx context.Context, op string, ref ledger.AttemptRef, ne
 		return ledger.Attempt{}, err
 	}
 	outcome, a, err := l.run(ctx, op, l.scripts.start,
-		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp)},
+		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
 		bp, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), reconciles)
 	if err != nil {
 		return ledger.Attempt{}, err

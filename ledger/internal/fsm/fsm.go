@@ -46,8 +46,11 @@ func addAttempt(j *ledger.Job, next ledger.NextAttempt, now time.Time) *ledger.A
 }
 
 // ApplyLeases records every starting attempt whose deadline passed as
-// unknown, and the job as unknown when nothing else can settle it. It
-// reports how many attempts changed.
+// unknown, and the job as unknown when nothing else can settle it: a
+// pending job with nothing starting, or a failed one that a late result
+// showed a provider acted for (a lookup answered absent, then the
+// attempt's answer arrived), which no longer expires. It reports how many
+// attempts changed.
 func ApplyLeases(j *ledger.Job, now time.Time) int {
 	n := 0
 	for i := range j.Attempts {
@@ -59,8 +62,10 @@ func ApplyLeases(j *ledger.Job, now time.Time) int {
 			n++
 		}
 	}
-	if j.State == ledger.JobPending && j.CompletedBy == "" && !hasLive(j, "") && Blocks(j, "") {
+	open := j.State == ledger.JobPending || j.State == ledger.JobFailed
+	if open && j.CompletedBy == "" && !hasLive(j, "") && Blocks(j, "") {
 		j.State = ledger.JobUnknown
+		j.CompletedAt, j.ExpiresAt = time.Time{}, time.Time{}
 	}
 	return n
 }
@@ -450,8 +455,8 @@ func SettleLookup(j *ledger.Job, ref ledger.AttemptRef, holder string, r ledger.
 		return ledger.ErrNotFound
 	}
 	l := a.Lookups()
-	if l.Holder != holder {
-		return ledger.ErrStale
+	if l.Holder != holder || (l.Until.IsZero() && l.LastAt.IsZero()) {
+		return ledger.ErrStale // not this holder's, or never claimed
 	}
 	if l.Until.IsZero() {
 		return nil // a repeat: this holder's lookup was recorded

@@ -161,8 +161,37 @@ local function settled(J)
 	return J.by ~= '' or J.state == 'completed' or J.state == 'failed'
 end
 
+-- expiry_member names the job in the expiry index: its id and identity, so
+-- that the sweeper can remove the identity key once the job is gone.
+local function expiry_member(J)
+	return J.id .. '|' .. J.ident
+end
+
+-- settle completes or fails the job: its keys expire after its retention.
+local function settle(J, state, now)
+	local exp = now + J.ret
+	J.state, J.expn = state, exp
+	redis.call('HSET', J.jkey, 'state', state, 'done', fmt(now), 'exp', fmt(exp))
+	local at = fmt(math.ceil(exp / 1000))
+	redis.call('PEXPIREAT', J.jkey, at)
+	redis.call('PEXPIREAT', J.akey, at)
+	redis.call('ZADD', CTX.expiry, fmt(exp), expiry_member(J))
+end
+
+-- unsettle keeps a settled job that is open again (re-opened, or unknown)
+-- from expiring.
+local function unsettle(J)
+	J.expn = nil
+	redis.call('HDEL', J.jkey, 'done', 'exp')
+	redis.call('PERSIST', J.jkey)
+	redis.call('PERSIST', J.akey)
+	redis.call('ZREM', CTX.expiry, expiry_member(J))
+end
+
 -- apply_leases records starting attempts whose deadline passed as unknown,
--- and the job as unknown when nothing else can settle it (fsm.ApplyLeases).
+-- and the job as unknown when nothing else can settle it: a pending job
+-- with nothing starting, or a failed one that a late result showed a
+-- provider acted for, which expires no more (fsm.ApplyLeases).
 local function apply_leases(J, A, now)
 	local n = 0
 	for i = 1, J.n do
@@ -172,7 +201,11 @@ local function apply_leases(J, A, now)
 			n = n + 1
 		end
 	end
-	if J.state == 'pending' and J.by == '' and not has_live(J, A, nil) and blocks_any(J, A, nil) then
+	local open = J.state == 'pending' or J.state == 'failed'
+	if open and J.by == '' and not has_live(J, A, nil) and blocks_any(J, A, nil) then
+		if J.state == 'failed' then
+			unsettle(J)
+		end
 		set_state(J, 'unknown')
 	end
 	return n
@@ -201,23 +234,6 @@ local function add_attempt(J, A, id, provider, lease, now)
 		n .. ':v', a.v, n .. ':t0', fmt(now), n .. ':dl', fmt(a.dl), n .. ':e', '')
 	redis.call('HSET', J.jkey, 'n', fmt(n))
 	return a
-end
-
--- expiry_member names the job in the expiry index: its id and identity, so
--- that the sweeper can remove the identity key once the job is gone.
-local function expiry_member(J)
-	return J.id .. '|' .. J.ident
-end
-
--- settle completes or fails the job: its keys expire after its retention.
-local function settle(J, state, now)
-	local exp = now + J.ret
-	J.state, J.expn = state, exp
-	redis.call('HSET', J.jkey, 'state', state, 'done', fmt(now), 'exp', fmt(exp))
-	local at = fmt(math.ceil(exp / 1000))
-	redis.call('PEXPIREAT', J.jkey, at)
-	redis.call('PEXPIREAT', J.akey, at)
-	redis.call('ZADD', CTX.expiry, fmt(exp), expiry_member(J))
 end
 
 -- reindex keeps the job's entry in the lease index at the earliest deadline

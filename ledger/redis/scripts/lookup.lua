@@ -41,8 +41,8 @@ elseif ARGV[2] == 'claim' then
 			redis.call('HSET', J.akey, a.n .. ':lh', holder, a.n .. ':lu', fmt(now + tonumber(ARGV[5])))
 		end
 	end
-elseif (a.lh or '') ~= holder then
-	outcome = 'stale'
+elseif (a.lh or '') ~= holder or not (a.lu or a.la) then
+	outcome = 'stale' -- not this holder's, or never claimed
 elseif a.lu then -- else a repeat: this holder's lookup was recorded
 	if a.s ~= 'unknown' or now >= tonumber(a.lu) then
 		outcome = 'stale'

@@ -45,12 +45,8 @@ if id then
 			outcome = 'done'
 		elseif J.state == 'failed' then
 			bump(J)
-			J.expn = nil
+			unsettle(J)
 			set_state(J, 'pending')
-			redis.call('HDEL', J.jkey, 'done', 'exp')
-			redis.call('PERSIST', J.jkey)
-			redis.call('PERSIST', J.akey)
-			redis.call('ZREM', CTX.expiry, expiry_member(J))
 			num = add_attempt(J, A, ARGV[3], ARGV[9], lease, now).n
 			outcome = 'reopened'
 		elseif J.state == 'pending' and has_live(J, A, nil) then

@@ -6,9 +6,9 @@
 -- pending again (fsm.Resend). A repeat (the attempt exists) answers with it
 -- as it is now.
 --
--- KEYS: job, attempts, leases
+-- KEYS: job, attempts, leases, expiry
 -- ARGV: bucket prefix, version, attempt id, provider, lease us, reconciled attempt id or ''
-CTX.leases, CTX.channel = KEYS[3], ARGV[1] .. 'jobs'
+CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)
 if not J then
