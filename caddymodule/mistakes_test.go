@@ -87,6 +87,7 @@ var mistakes = []mistake{
 	{field: "key_header", caddyfile: `key_header ""`, line: 3, want: `key_header: invalid header name ""`},
 	{field: "key_header", caddyfile: "key_header X:Key", line: 3, json: `"key_header":"X:Key"`, want: `key_header: invalid header name "X:Key"`},
 	{field: "key_header", caddyfile: "key_header idempotency-job-id", line: 3, json: `"key_header":"Idempotency-Attempt"`, want: "is set by the gateway on every upstream request"},
+	{field: "key_header", caddyfile: "key_header Idempotency-Deadline", line: 3, json: `"key_header":"idempotency-deadline"`, want: "Idempotency-Deadline is set by the gateway on every upstream request"},
 	{field: "methods", caddyfile: `methods POST ""`, line: 3, json: `"methods":["POST",""]`, want: `methods: "" is not an HTTP method`},
 	{field: "methods", caddyfile: `methods "PO ST"`, line: 3, json: `"methods":["PO ST"]`, want: `methods: "PO ST" is not an HTTP method`},
 	{field: "methods", caddyfile: "methods", line: 3, want: "wrong argument count"},

@@ -82,7 +82,7 @@ func checkKeyHeader(name string) error {
 		return fmt.Errorf("key_header: %w", err)
 	}
 	switch k := http.CanonicalHeaderKey(name); k {
-	case proxy.HeaderJobID, proxy.HeaderAttempt:
+	case proxy.HeaderJobID, proxy.HeaderAttempt, proxy.HeaderDeadline:
 		return fmt.Errorf("key_header: %s is set by the gateway on every upstream request; choose another header", k)
 	}
 	return nil

@@ -605,6 +605,7 @@ func (t *try) run() *result {
 	req := m.cfg.PrepareAttempt(rn.base.Clone(ctx))
 	setCanonical(req.Header, HeaderJobID, att.JobID)
 	setCanonical(req.Header, HeaderAttempt, strconv.Itoa(att.Number))
+	setCanonical(req.Header, HeaderDeadline, att.Deadline.UTC().Format(http.TimeFormat))
 	if name := m.cfg.Providers[provider].Deduplicates; name != "" {
 		// A provider account shared by many owners must never see two
 		// owners' requests under one key: the job id, not the client's.

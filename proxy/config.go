@@ -25,7 +25,12 @@ const (
 	DefaultKeyHeader = "Idempotency-Key"
 	HeaderJobID      = "Idempotency-Job-Id"
 	HeaderAttempt    = "Idempotency-Attempt"
-	HeaderReplayed   = "Idempotent-Replayed"
+	// HeaderDeadline tells the provider the attempt's attempt_deadline by
+	// the ledger's clock, an HTTP-date (RFC 9110, section 5.6.7) rounded
+	// down to the second: a provider with a lookup drops a request it has
+	// not started by then.
+	HeaderDeadline = "Idempotency-Deadline"
+	HeaderReplayed = "Idempotent-Replayed"
 	// HeaderReconciled marks an answer a reconciler's lookup stored: its
 	// value is "lookup", and replays carry it with the answer. A provider's
 	// answer never carries it (storedHeader, Middleware.Found).

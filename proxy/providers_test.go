@@ -162,6 +162,14 @@ func TestFailoverAfter503(t *testing.T) {
 
 	j := h.job(id)
 	wantJob(t, j, ledger.JobCompleted, "primary/failed fallback/succeeded")
+	// Each attempt tells its provider its own attempt_deadline, to the
+	// second and never later than the ledger's.
+	for i, seen := range []seenRequest{p.request(0), got} {
+		d, err := http.ParseTime(seen.header.Get(HeaderDeadline))
+		if want := j.Attempts[i].Deadline; err != nil || d.After(want) || want.Sub(d) >= time.Second {
+			t.Errorf("attempt %d was sent %s %q (%v), want its deadline %v", i+1, HeaderDeadline, seen.header.Get(HeaderDeadline), err, want)
+		}
+	}
 	if j.CompletedBy != j.Attempts[1].ID || j.Attempts[0].Error != "503" {
 		t.Errorf("completed by %q, primary's error %q", j.CompletedBy, j.Attempts[0].Error)
 	}
