@@ -234,7 +234,7 @@ func (rn *runner) hedging() bool {
 	return len(rn.running) > 1
 }
 
-func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
+func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, release func()) {
 	defer release()
 	m := rn.m
 	pol := &m.policy
@@ -244,10 +244,21 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	// Without hedging, attempts run one at a time: each runs on this
 	// goroutine, its result waiting in the channel for the loop below.
 	inline := pol.HedgeAfter <= 0
-	launch := func(att ledger.Attempt, p int, until time.Time) {
-		if until.IsZero() {
-			until = time.Now().Add(att.Deadline.Sub(att.StartedAt))
+	// expired reports whether att's lease, ending at until (leaseEnd), ran
+	// out before it could be sent (a repeated ledger call answered late).
+	// Such an attempt is never sent: its provider may drop it by then, or
+	// a lookup judge it absent. It is recorded as never sent.
+	expired := func(att ledger.Attempt, until time.Time) bool {
+		if att.State == ledger.AttemptStarting && time.Now().Before(until) {
+			return false
 		}
+		m.cfg.Logger.Warn("attempt not sent: its lease ran out before the ledger answered",
+			zap.String("job_id", att.JobID), zap.String("attempt_id", att.ID), zap.String("provider", att.Provider))
+		m.unsent(unsentWork{ref: att.Ref()})
+		return true
+	}
+	// launch starts a try of att on provider p until its lease ends.
+	launch := func(att ledger.Attempt, p int, until time.Time) {
 		t := &try{rn: rn, att: att, provider: p, until: until}
 		rn.mu.Lock()
 		rn.running = append(rn.running, t)
@@ -275,20 +286,27 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 	}()
 
 	latest := provider // the last provider tried: failover and hedges go past it
-	launch(first, provider, time.Time{})
-	armHedge(provider)
+	pending := 0
+	if !expired(first, until) {
+		pending++
+		launch(first, provider, until)
+		armHedge(provider)
+	}
 	var (
 		lastFailure *result
 		lastUnknown *result
 	)
-	for pending := 1; pending > 0; {
+	for pending > 0 {
 		select {
 		case <-hedgeC:
 			hedgeC = nil
+			issued := time.Now()
 			if next, att, ok := rn.startHedge(latest); ok {
-				latest = next
-				pending++
-				launch(att, next, time.Time{})
+				if until := leaseEnd(issued, att); !expired(att, until) {
+					latest = next
+					pending++
+					launch(att, next, until)
+				}
 			}
 		case res := <-results:
 			pending--
@@ -320,14 +338,17 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 						nextIdx = i
 					}
 				}
+				issued := time.Now()
 				if na, _ := m.fail(res.att, res.reason, next); na != nil {
-					m.cfg.Logger.Info("failover", zap.String("job_id", na.JobID), zap.String("from_attempt_id", res.att.ID),
-						zap.String("attempt_id", na.ID), zap.String("provider", na.Provider), zap.String("after", res.reason))
-					rn.watch(*na)
-					latest = nextIdx
-					pending++
-					launch(*na, nextIdx, time.Time{})
-					armHedge(nextIdx)
+					if until := leaseEnd(issued, *na); !expired(*na, until) {
+						m.cfg.Logger.Info("failover", zap.String("job_id", na.JobID), zap.String("from_attempt_id", res.att.ID),
+							zap.String("attempt_id", na.ID), zap.String("provider", na.Provider), zap.String("after", res.reason))
+						rn.watch(*na)
+						latest = nextIdx
+						pending++
+						launch(*na, nextIdx, until)
+						armHedge(nextIdx)
+					}
 				}
 			default:
 				m.cfg.Observer.Attempt(p, "unknown")
@@ -339,10 +360,17 @@ func (rn *runner) run(first ledger.Attempt, provider int, release func()) {
 				// the original still runs there).
 				if res.broken && open && pending == 0 && m.cfg.Providers[res.provider].Deduplicates != "" &&
 					time.Now().Before(res.until) {
+					issued := time.Now()
 					if na, err := m.resend(res.att.Ref(), res.provider); err == nil {
-						rn.watch(*na)
-						pending++
-						launch(*na, res.provider, res.until)
+						until := leaseEnd(issued, *na)
+						if res.until.Before(until) {
+							until = res.until // re-sends stop at the original's deadline
+						}
+						if !expired(*na, until) {
+							rn.watch(*na)
+							pending++
+							launch(*na, res.provider, until)
+						}
 					}
 				}
 			}
@@ -598,9 +626,9 @@ func (t *try) run() *result {
 	m.cfg.Observer.InFlight(1)
 	defer m.cfg.Observer.InFlight(-1)
 
-	// The lease is judged by the ledger's clock; locally it is measured
-	// from now, as the attempt has just started.
-	ctx, cancel := context.WithTimeout(rn.base.Context(), att.Deadline.Sub(att.StartedAt))
+	// The lease is judged by the ledger's clock; locally it ends at
+	// t.until, never later (leaseEnd).
+	ctx, cancel := context.WithDeadline(rn.base.Context(), t.until)
 	defer cancel()
 	req := m.cfg.PrepareAttempt(rn.base.Clone(ctx))
 	setCanonical(req.Header, HeaderJobID, att.JobID)

@@ -29,6 +29,7 @@ type lossyLedger struct {
 	drop    map[string]int
 	down    bool
 	downNow map[string]bool // op: go down as its reply is lost
+	lost    func(op string) // if set, called as op's reply is lost
 }
 
 func newLossy() *lossyLedger {
@@ -57,6 +58,9 @@ func (l *lossyLedger) do(op string, call func() error) error {
 		l.drop[op]--
 		if l.downNow[op] {
 			l.down = true
+		}
+		if l.lost != nil {
+			l.lost(op)
 		}
 		return errReplyLost
 	}
@@ -243,6 +247,37 @@ func TestHedgedLateResultBlocksTheJob(t *testing.T) {
 	wantProblem(t, h.do(post("k", `{}`)), http.StatusConflict, ProblemOutcomeUnknown)
 	if p.calls() != 1 || f.calls() != 1 {
 		t.Errorf("primary %d calls, fallback %d: the job was run again", p.calls(), f.calls())
+	}
+}
+
+// A failover whose reply was lost is repeated; when the repeat answers
+// with the next attempt past its lease by the ledger's clock, that attempt
+// is never sent (its provider may drop it by then, or a lookup may already
+// have judged it absent): it is recorded failed as never sent.
+func TestFailoverReplyLostPastLeaseIsNotSent(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	const lease = time.Hour // by the ledger's clock, which the test moves
+	l := newLossy()
+	l.Ledger = memory.New(memory.WithClock(clock.now))
+	l.drop["fail"] = 1
+	l.lost = func(string) { clock.advance(lease + time.Minute) }
+	h, p, f := newProviders(t, Config{Ledger: l, AttemptDeadline: lease},
+		respond(http.StatusServiceUnavailable, "primary busy"), respond(http.StatusCreated, "fallback"))
+	if rec := h.do(post("k", `{}`)); rec.Code == http.StatusCreated {
+		t.Errorf("the client got the fallback's answer: %d %q", rec.Code, rec.Body)
+	}
+	h.waitRun()
+	if p.calls() != 1 || f.calls() != 0 {
+		t.Fatalf("primary %d calls, fallback %d: an attempt past its lease was sent", p.calls(), f.calls())
+	}
+	deadline := time.Now().Add(patience)
+	for onlyJob(t, h.l).State != ledger.JobFailed && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	j := onlyJob(t, h.l)
+	wantJob(t, j, ledger.JobFailed, "primary/failed fallback/failed")
+	if j.Attempts[1].Error != ledger.ReasonUnsent {
+		t.Errorf("the fallback's attempt failed with %q, want %q", j.Attempts[1].Error, ledger.ReasonUnsent)
 	}
 }
 

@@ -175,6 +175,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	reserve := func(ctx context.Context) (ledger.Reservation, error) {
 		return m.cfg.Ledger.Reserve(ctx, params)
 	}
+	issued := time.Now()
 	res, err := ledgerCall(m, r.Context(), "reserve", reserve)
 	if err == nil && res.Outcome == ledger.Mismatch {
 		// The job's fingerprint may have been made another way (by an
@@ -188,6 +189,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 				params.Fingerprint = g.Sum(r.Method, uri, r.Header, body)
 			}
 			params.FingerprintVersion, params.FingerprintScheme = g.version(), g.scheme
+			issued = time.Now()
 			res, err = ledgerCall(m, r.Context(), "reserve", reserve)
 		}
 	}
@@ -214,7 +216,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	case ledger.Created, ledger.Reopened:
 		m.cfg.Observer.Request("new")
 		m.cfg.SetVar(r, "attempt", strconv.Itoa(res.Attempt.Number))
-		return m.execute(w, r, next, res, body)
+		return m.execute(w, r, next, res, leaseEnd(issued, *res.Attempt), body)
 	case ledger.Mismatch:
 		m.cfg.Observer.Request("mismatch")
 		problem(http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency key reused").
@@ -231,11 +233,11 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		}
 		m.wait(w, r, jobID, wait)
 	case ledger.Unknown:
-		if a, ok := m.resendOnRetry(r.Context(), res); ok {
+		if a, until, ok := m.resendOnRetry(r.Context(), res); ok {
 			m.cfg.Observer.Request("new")
 			m.cfg.SetVar(r, "attempt", strconv.Itoa(a.Number))
 			res.Attempt = a
-			return m.execute(w, r, next, res, body)
+			return m.execute(w, r, next, res, until, body)
 		}
 		m.cfg.Observer.Request("unknown")
 		m.unknown(w, jobID, res.Attempt, res.Now)
@@ -248,6 +250,15 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 // its owner like any other (GET <status_path>/<key> finds its job).
 func ImplicitKey(fingerprint []byte) string {
 	return "implicit:" + hex.EncodeToString(fingerprint)
+}
+
+// leaseEnd returns when the lease of attempt a ends by this instance's
+// clock, for a ledger call that started a and was first sent at issued:
+// a's lease counted from then. The ledger started a after that, so this
+// is never later than a's attempt_deadline by the ledger's clock, however
+// long the call's repeats took.
+func leaseEnd(issued time.Time, a ledger.Attempt) time.Time {
+	return issued.Add(a.Deadline.Sub(a.StartedAt))
 }
 
 // sendable reports whether a reservation's attempt may still be sent: it
@@ -300,12 +311,13 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 
 // execute runs the job's attempts in a detached goroutine and answers the
 // client with the outcome, a 504 when the first answer's headers do not
-// come within attempt_timeout.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handler, res ledger.Reservation, body []byte) error {
+// come within attempt_timeout. The first attempt's lease ends at until
+// (leaseEnd).
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handler, res ledger.Reservation, until time.Time, body []byte) error {
 	base := r.WithContext(context.WithValue(context.WithoutCancel(r.Context()), guardedKey{}, true))
 	rn := newRunner(m, base, next, body, w, *res.Attempt)
 	first, provider, release := *res.Attempt, m.policy.Index(res.Attempt.Provider), m.cfg.Hold()
-	runners.run(func() { rn.run(first, provider, release) })
+	runners.run(func() { rn.run(first, provider, until, release) })
 
 	timer := time.NewTimer(m.cfg.AttemptTimeout)
 	defer timer.Stop()

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -58,23 +59,28 @@ func (m *Middleware) resendTarget(j *ledger.Job) (int, *ledger.Attempt, bool) {
 
 // resendOnRetry starts a re-send for a client's retry of the unknown job
 // of res, when its blocking attempts allow one (resendTarget). It returns
-// the new attempt, or false: then the retry is answered as unknown.
-func (m *Middleware) resendOnRetry(ctx context.Context, res ledger.Reservation) (*ledger.Attempt, bool) {
+// the new attempt and the end of its lease (leaseEnd), or false: then the
+// retry is answered as unknown.
+func (m *Middleware) resendOnRetry(ctx context.Context, res ledger.Reservation) (*ledger.Attempt, time.Time, bool) {
 	if !m.deduplicating {
-		return nil, false
+		return nil, time.Time{}, false
 	}
 	j, err := ledgerCall(m, ctx, "job", func(ctx context.Context) (*ledger.Job, error) {
 		return m.cfg.Ledger.Job(ctx, res.Job.ID)
 	})
 	if err != nil {
-		return nil, false
+		return nil, time.Time{}, false
 	}
 	p, ref, ok := m.resendTarget(j)
 	if !ok {
-		return nil, false
+		return nil, time.Time{}, false
 	}
+	issued := time.Now()
 	a, err := m.resend(ledger.AttemptRef{JobID: j.ID, AttemptID: ref.ID, Version: j.Version}, p)
-	return a, err == nil
+	if err != nil {
+		return nil, time.Time{}, false
+	}
+	return a, leaseEnd(issued, *a), true
 }
 
 // resend starts a re-send to provider p reconciling ref. Like a hedge, a
