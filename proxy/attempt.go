@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -630,6 +632,11 @@ func (t *try) run() *result {
 	// t.until, never later (leaseEnd).
 	ctx, cancel := context.WithDeadline(rn.base.Context(), t.until)
 	defer cancel()
+	// Whether the request left is decided by what was written, not by
+	// the kind of error that came back: the HTTP transports below (a
+	// reverse_proxy's) report writing the headers.
+	var written atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { written.Store(true) }})
 	req := m.cfg.PrepareAttempt(rn.base.Clone(ctx))
 	setCanonical(req.Header, HeaderJobID, att.JobID)
 	setCanonical(req.Header, HeaderAttempt, strconv.Itoa(att.Number))
@@ -666,7 +673,7 @@ func (t *try) run() *result {
 		c.WriteHeader(http.StatusOK)
 	}
 	ans := fallback.Answer{Status: c.status, Err: err, Cut: cut}
-	if err != nil && !c.wrote {
+	if err != nil && !c.wrote && !written.Load() {
 		ans.Connect = m.cfg.IsConnectError(err)
 	}
 	v, reason := m.policy.FailoverOn.Classify(ans)

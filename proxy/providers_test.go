@@ -239,6 +239,49 @@ func TestFailoverOnConnectError(t *testing.T) {
 	})
 }
 
+// An error of a kind that means "never left" (a TLS alert, say) that comes
+// after the request was written to the provider's connection is no proof
+// that it never left: the outcome is unknown, and nothing fails over. The
+// provider sends the request as reverse_proxy does, over a real socket to
+// a server that reads it and breaks the connection.
+func TestConnectErrorAfterTheRequestWasWritten(t *testing.T) {
+	read := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		read <- struct{}{}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	upstream := func(w http.ResponseWriter, r *http.Request, _ int) error {
+		out, err := http.NewRequestWithContext(r.Context(), r.Method, srv.URL, r.Body)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(out)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return errors.New("the server answered")
+	}
+	// A classifier that takes every error for one before sending, as a
+	// type-based one would take a TLS alert on a reused connection.
+	everything := func(error) bool { return true }
+	h, _, f := newProviders(t, Config{IsConnectError: everything}, upstream, respond(http.StatusCreated, "fallback"))
+	prob := wantProblem(t, h.do(post("k", `{}`)), http.StatusBadGateway, ProblemOutcomeUnknown)
+	recv(t, read, "the provider's server reading the request")
+	h.waitRun()
+	wantJob(t, h.job(prob.JobID), ledger.JobUnknown, "primary/unknown")
+	if f.calls() != 0 {
+		t.Errorf("fallback called %d times after a request that was written", f.calls())
+	}
+}
+
 func TestEveryProviderFails(t *testing.T) {
 	primary := func(w http.ResponseWriter, r *http.Request, n int) error {
 		if n == 1 {
