@@ -59,7 +59,7 @@ func (rc *reconciler) round(ctx context.Context) {
 	for _, p := range rc.providers {
 		q := ledger.JobQuery{State: ledger.JobUnknown, Provider: p.Name, Limit: reconcilePage}
 		for {
-			page, err := rc.ledger.Jobs(ctx, q)
+			page, err := bounded(ctx, func(ctx context.Context) (ledger.JobPage, error) { return rc.ledger.Jobs(ctx, q) })
 			if err != nil {
 				if ctx.Err() == nil {
 					rc.logger.Warn("reconciler: cannot list unknown jobs", zap.String("provider", p.Name), zap.Error(err))
@@ -81,7 +81,8 @@ func (rc *reconciler) round(ctx context.Context) {
 func (rc *reconciler) job(ctx context.Context, p *Provider, j *ledger.Job) {
 	if len(j.Attempts) == 0 { // a listing may leave them out
 		var err error
-		if j, err = rc.ledger.Job(ctx, j.ID); err != nil {
+		id := j.ID
+		if j, err = bounded(ctx, func(ctx context.Context) (*ledger.Job, error) { return rc.ledger.Job(ctx, id) }); err != nil {
 			return
 		}
 	}
@@ -109,7 +110,9 @@ func lookupDue(j *ledger.Job, a *ledger.Attempt) bool {
 func (rc *reconciler) reconcile(ctx context.Context, p *Provider, a *ledger.Attempt) {
 	holder := ledger.NewID()
 	ref := a.Ref()
-	if _, err := rc.ledger.ClaimLookup(ctx, ref, holder, 2*rc.timeout); err != nil {
+	if _, err := bounded(ctx, func(ctx context.Context) (*ledger.Job, error) {
+		return rc.ledger.ClaimLookup(ctx, ref, holder, 2*rc.timeout)
+	}); err != nil {
 		if !errors.Is(err, ledger.ErrStale) && !errors.Is(err, ledger.ErrNotFound) && ctx.Err() == nil {
 			rc.logger.Warn("reconciler: cannot lease an unknown attempt", zap.String("job_id", a.JobID),
 				zap.String("attempt_id", a.ID), zap.Error(err))
@@ -132,7 +135,9 @@ func (rc *reconciler) reconcile(ctx context.Context, p *Provider, a *ledger.Atte
 	}
 	var err error
 	for range 3 { // the transition is idempotent: a reply lost is asked again
-		if _, err = rc.ledger.SettleLookup(ctx, ref, holder, res); err == nil || errors.Is(err, ledger.ErrStale) || ctx.Err() != nil {
+		if _, err = bounded(ctx, func(ctx context.Context) (*ledger.Job, error) {
+			return rc.ledger.SettleLookup(ctx, ref, holder, res)
+		}); err == nil || errors.Is(err, ledger.ErrStale) || ctx.Err() != nil {
 			break
 		}
 	}
@@ -149,6 +154,15 @@ func (rc *reconciler) reconcile(ctx context.Context, p *Provider, a *ledger.Atte
 		rc.metrics.Reconciled(p.Name, result)
 		rc.logger.Info("reconciler: looked up an unknown attempt", fields...)
 	}
+}
+
+// bounded runs one of the reconciler's ledger calls within
+// proxy.LedgerTryTimeout: a link that swallows a call does not hold the
+// round, which the next tick runs again.
+func bounded[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, proxy.LedgerTryTimeout)
+	defer cancel()
+	return call(ctx)
 }
 
 // lookupBackoff is the wait before the next lookup of an attempt looked up

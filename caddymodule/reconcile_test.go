@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -118,5 +119,98 @@ func TestLookupBackoff(t *testing.T) {
 		if got := lookupBackoff(30*time.Second, tries); got != want {
 			t.Errorf("backoff after %d tries: %v, want %v", tries, got, want)
 		}
+	}
+}
+
+// blackHole is a ledger whose link swallows the calls named in hole: they
+// never answer, until their context ends.
+type blackHole struct {
+	ledger.Ledger
+	hole string
+}
+
+func (b *blackHole) swallow(ctx context.Context, op string) error {
+	if op != b.hole {
+		return nil
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (b *blackHole) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
+	if err := b.swallow(ctx, "jobs"); err != nil {
+		return ledger.JobPage{}, err
+	}
+	return b.Ledger.Jobs(ctx, q)
+}
+
+func (b *blackHole) Job(ctx context.Context, id string) (*ledger.Job, error) {
+	if err := b.swallow(ctx, "job"); err != nil {
+		return nil, err
+	}
+	return b.Ledger.Job(ctx, id)
+}
+
+func (b *blackHole) ClaimLookup(ctx context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
+	if err := b.swallow(ctx, "claim"); err != nil {
+		return nil, err
+	}
+	return b.Ledger.ClaimLookup(ctx, ref, holder, lease)
+}
+
+func (b *blackHole) SettleLookup(ctx context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
+	if err := b.swallow(ctx, "settle"); err != nil {
+		return nil, err
+	}
+	return b.Ledger.SettleLookup(ctx, ref, holder, r)
+}
+
+// TestReconcilerLedgerCallsAreBounded: a ledger link that black-holes any
+// one of the reconciler's calls does not hold its round forever (on the
+// virtual clock of synctest, where a round that never ends is a deadlock);
+// the attempt stays unknown for a later round. With no hole, the same round
+// settles it: the setup reaches every call.
+func TestReconcilerLedgerCallsAreBounded(t *testing.T) {
+	for _, hole := range []string{"", "jobs", "job", "claim", "settle"} {
+		t.Run("hole="+hole, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memory.New()
+				r := unknownJob(t, mem)
+				time.Sleep(2 * time.Minute) // past the attempt's deadline
+				looked := 0
+				p := &Provider{Name: "pay", Lookup: &LookupConfig{Method: "GET", URI: "/charges/{idempotency.job_id}"}}
+				p.handler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+					looked++
+					w.WriteHeader(http.StatusNotFound)
+					return nil
+				})
+				obs, err := newMetrics(prometheus.NewRegistry(), "s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				l := &blackHole{Ledger: mem, hole: hole}
+				rc := &reconciler{ledger: l, providers: []*Provider{p}, every: 10 * time.Second, timeout: time.Second,
+					max: 1 << 20, found: func(int, http.Header, []byte) *ledger.Response { return nil }, metrics: obs, logger: zap.NewNop()}
+				if hole == "job" {
+					rc.job(context.Background(), p, &ledger.Job{ID: r.Job.ID}) // a listing without attempts
+				} else {
+					rc.round(context.Background())
+				}
+				j, err := mem.Job(context.Background(), r.Job.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, wantLooked := ledger.JobUnknown, 0
+				switch hole {
+				case "":
+					want, wantLooked = ledger.JobFailed, 1
+				case "settle":
+					wantLooked = 1
+				}
+				if j.State != want || looked != wantLooked {
+					t.Errorf("job %s after %d lookups, want %s after %d", j.State, looked, want, wantLooked)
+				}
+			})
+		})
 	}
 }

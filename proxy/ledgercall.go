@@ -23,9 +23,9 @@ const (
 	ledgerTimeout = 15 * time.Second
 	// ledgerTries is how many times a call is sent at most.
 	ledgerTries = 4
-	// ledgerTryTimeout bounds one try: a reply that does not come within
-	// it counts as lost.
-	ledgerTryTimeout = 5 * time.Second
+	// LedgerTryTimeout bounds one try: a reply that does not come within
+	// it counts as lost. The reconciler bounds its calls by it too.
+	LedgerTryTimeout = 5 * time.Second
 	// ledgerPause is the pause before the first repeat; it doubles.
 	ledgerPause = 50 * time.Millisecond
 )
@@ -51,7 +51,7 @@ func ledgerCall[T any](m *Middleware, ctx context.Context, op string, call func(
 	}
 	end := start.Add(ledgerTimeout)
 	for try := 1; ; try++ {
-		deadline := time.Now().Add(ledgerTryTimeout)
+		deadline := time.Now().Add(LedgerTryTimeout)
 		if deadline.After(end) {
 			deadline = end
 		}
