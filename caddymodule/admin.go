@@ -413,6 +413,7 @@ type attemptJSON struct {
 	Number     int                 `json:"number"`
 	ID         string              `json:"id"`
 	Provider   string              `json:"provider"`
+	Scope      *string             `json:"scope"` // the handler's; null for an operator's
 	State      ledger.AttemptState `json:"state"`
 	StartedAt  *string             `json:"started_at"`
 	FinishedAt *string             `json:"finished_at"`
@@ -454,6 +455,7 @@ func newJobJSON(j *ledger.Job) jobJSON {
 			Number:     at.Number,
 			ID:         at.ID,
 			Provider:   at.Provider,
+			Scope:      stringJSON(at.Scope),
 			State:      at.State,
 			StartedAt:  timeJSON(at.StartedAt),
 			FinishedAt: timeJSON(at.FinishedAt),

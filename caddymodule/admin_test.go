@@ -306,7 +306,7 @@ func TestAdminJobShape(t *testing.T) {
 	h := adminMux(t)
 	jobKeys := []string{"attempts", "completed_at", "completed_by", "created_at", "fingerprint", "id",
 		"key_hash", "owner_hash", "response", "state", "version"}
-	attemptKeys := []string{"error", "finished_at", "id", "number", "provider", "reconcile", "reconciled", "resend", "started_at", "state"}
+	attemptKeys := []string{"error", "finished_at", "id", "number", "provider", "reconcile", "reconciled", "resend", "scope", "started_at", "state"}
 
 	// A pending job: nothing completed yet.
 	r := reserve(t, mem, "shape-pending", "shape")

@@ -281,6 +281,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Contract:           contract,
 		Eligible:           h.eligible,
 		Providers:          providers,
+		Scope:              h.scope,
 		HedgeAfter:         time.Duration(h.HedgeAfter),
 		ReconcileEvery:     time.Duration(h.ReconcileEvery),
 		Ledger:             handlerLedger,
@@ -361,6 +362,7 @@ func (h *Handler) startReconciler(ctx caddy.Context, l ledger.Ledger, obs *metri
 	c := h.mw.Config()
 	rc := &reconciler{
 		ledger:    l,
+		scope:     h.scope,
 		providers: lookups,
 		every:     c.ReconcileEvery,
 		timeout:   c.AttemptTimeout,

@@ -40,6 +40,7 @@ const (
 
 type reconciler struct {
 	ledger    ledger.Ledger
+	scope     string      // the handler's: only its attempts are looked up
 	providers []*Provider // those with a lookup
 	every     time.Duration
 	timeout   time.Duration                                                 // one lookup's bound: attempt_timeout
@@ -77,7 +78,8 @@ func (rc *reconciler) round(ctx context.Context) {
 	}
 }
 
-// job looks up j's attempts on p that are due.
+// job looks up j's attempts on p that are due: those sent to p by this
+// handler, never another handler's on a provider of the same name.
 func (rc *reconciler) job(ctx context.Context, p *Provider, j *ledger.Job) {
 	if len(j.Attempts) == 0 { // a listing may leave them out
 		var err error
@@ -87,7 +89,7 @@ func (rc *reconciler) job(ctx context.Context, p *Provider, j *ledger.Job) {
 		}
 	}
 	for i := range j.Attempts {
-		if a := &j.Attempts[i]; a.Provider == p.Name && lookupDue(j, a) {
+		if a := &j.Attempts[i]; a.SentTo(rc.scope, p.Name) && lookupDue(j, a) {
 			rc.reconcile(ctx, p, a)
 		}
 	}

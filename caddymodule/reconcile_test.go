@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -21,8 +22,15 @@ import (
 // unknownJob reserves a job on provider "pay" whose attempt timed out.
 func unknownJob(t *testing.T, l ledger.Ledger) ledger.Reservation {
 	t.Helper()
+	return unknownJobIn(t, l, "")
+}
+
+// unknownJobIn is unknownJob with the attempt sent under scope.
+func unknownJobIn(t *testing.T, l ledger.Ledger, scope string) ledger.Reservation {
+	t.Helper()
 	p := ledger.ReserveParams{JobID: ledger.NewID(), OwnerHash: []byte("o"), KeyHash: []byte(ledger.NewID()),
 		Fingerprint: []byte("f"), FingerprintVersion: 1, Retention: time.Hour, Attempt: ledger.NewAttempt("pay", time.Minute)}
+	p.Attempt.Scope = scope
 	r, err := l.Reserve(context.Background(), p)
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +118,40 @@ func TestReconcilerSettlesByLookup(t *testing.T) {
 	for result, want := range map[string]float64{"pending": 2, "failed": 1, "completed": 1} {
 		if got := testutil.ToFloat64(obs.reconciled.WithLabelValues("s", "pay", result)); got != want {
 			t.Errorf("reconciled_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+}
+
+// TestReconcilerLooksUpOnlyItsScope: two handlers on one ledger both call
+// their provider "pay"; a reconciler asks its own "pay" only about its own
+// handler's attempts, never about the other handler's, nor about one
+// recorded without a scope, whose upstream it cannot know.
+func TestReconcilerLooksUpOnlyItsScope(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)}
+	l := memory.New(memory.WithClock(clock.now))
+	var looked []string
+	p := &Provider{Name: "pay", Lookup: &LookupConfig{Method: "GET", URI: "/charges/{idempotency.job_id}"}}
+	p.handler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		looked = append(looked, r.RequestURI)
+		w.WriteHeader(http.StatusNotFound)
+		return nil
+	})
+	obs, err := newMetrics(prometheus.NewRegistry(), "site")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &reconciler{ledger: l, scope: "site", providers: []*Provider{p}, every: 10 * time.Second, timeout: time.Second,
+		max: 1 << 20, metrics: obs, logger: zap.NewNop()}
+
+	mine, theirs, unscoped := unknownJobIn(t, l, "site"), unknownJobIn(t, l, "site#2"), unknownJobIn(t, l, "")
+	clock.add(time.Minute)
+	rc.round(context.Background())
+	if want := []string{"/charges/" + mine.Job.ID}; !slices.Equal(looked, want) {
+		t.Errorf("looked up %v, want %v", looked, want)
+	}
+	for name, r := range map[string]ledger.Reservation{"site#2": theirs, "unscoped": unscoped} {
+		if j, _ := l.Job(context.Background(), r.Job.ID); j.State != ledger.JobUnknown || j.Attempts[0].Lookup != nil {
+			t.Errorf("the %s job: %s, lookups %+v; want unknown, never looked up", name, j.State, j.Attempts[0].Lookup)
 		}
 	}
 }

@@ -216,3 +216,69 @@ func TestLookupOneReconcilerPerAttempt(t *testing.T) {
 		}
 	})
 }
+
+// TestLookupOnlyOfItsOwnRoute: two routes share a ledger and both call
+// their provider api, but they are different upstreams and only route b's
+// has a lookup. Route a's charge acted and answered too late (unknown);
+// route b's reconciler, whose upstream never saw that job and would answer
+// absent, never looks it up: the job stays unknown and its retry gets 409,
+// never a second charge. Route b's own unknown job is looked up twice (a
+// 503, then the 404 that fails it), so by then a whole round of lookups
+// ran while route a's job was due.
+func TestLookupOnlyOfItsOwnRoute(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ua := newRecordsUpstream(t, func(int) (bool, time.Duration) { return true, 3 * time.Second })
+		ub := newRecordsUpstream(t, func(int) (bool, time.Duration) { return false, 3 * time.Second })
+		// route is a route whose provider api is at addr; only route b
+		// has a lookup and so a reconciler.
+		route := func(path, addr string, lookup bool) string {
+			reconcile, lookupLine := "", ""
+			if lookup {
+				reconcile = "reconcile_every 100ms"
+				lookupLine = "lookup GET /records/{idempotency.job_id} {\n\t\t\t\t\tabsent 404\n\t\t\t\t}"
+			}
+			return fmt.Sprintf(`	route %s {
+		idempotency {
+			{ledger}
+			attempt_timeout 300ms
+			attempt_deadline 2s
+			%s
+			provider api {
+				%s
+				reverse_proxy %s
+			}
+		}
+	}
+`, path, reconcile, lookupLine, addr)
+		}
+		g := startGateway(t, b, route("/a/*", ua.addr(), false)+route("/b/*", ub.addr(), true))
+
+		first := g.post(t, "/a/charges", "scoped-1", auth, `{}`)
+		jobA := first.header.Get("Idempotency-Job-Id")
+		if first.status != http.StatusGatewayTimeout || jobA == "" {
+			t.Fatalf("route a: %v", first)
+		}
+		other := g.post(t, "/b/charges", "scoped-2", auth, `{}`)
+		jobB := other.header.Get("Idempotency-Job-Id")
+		if other.status != http.StatusGatewayTimeout || jobB == "" {
+			t.Fatalf("route b: %v", other)
+		}
+		ub.mu.Lock()
+		ub.busy[jobB] = 1
+		ub.mu.Unlock()
+		eventually(t, "route b's lookup fails its own job", func() bool { return g.job(t, jobB).State == "failed" })
+
+		if _, lookups := ub.counts(jobA); lookups != 0 {
+			t.Errorf("route b's upstream was asked %d times about route a's job", lookups)
+		}
+		if j := g.job(t, jobA); j.State != "unknown" || j.Attempts[0].Reconcile != nil {
+			t.Errorf("route a's job: %+v, want unknown, never looked up", j)
+		}
+		if r := g.post(t, "/a/charges", "scoped-1", auth, `{}`); r.status != http.StatusConflict {
+			t.Errorf("route a's retry: %v, want 409", r)
+		}
+		if effects, _ := ua.counts(jobA); effects != 1 {
+			t.Errorf("route a's upstream acted %d times, want once", effects)
+		}
+	})
+}

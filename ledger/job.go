@@ -100,10 +100,13 @@ func (j *Job) Expired(now time.Time) bool {
 
 // Attempt is one try at fulfilling a job against one provider.
 type Attempt struct {
-	ID         string
-	JobID      string
-	Number     int
-	Provider   string
+	ID       string
+	JobID    string
+	Number   int
+	Provider string
+	// Scope is the handler scope the attempt ran under (NextAttempt.Scope);
+	// empty for an operator's attempt and for attempts of earlier releases.
+	Scope      string
 	State      AttemptState
 	JobVersion int64 // the job version the attempt read when it started
 	StartedAt  time.Time
@@ -130,6 +133,15 @@ type Lookup struct {
 	Settled    bool      // a lookup settled the attempt
 	Holder     string    // the reconciler that holds (or last held) the lease
 	Until      time.Time // the end of Holder's lease; zero once released
+}
+
+// SentTo reports whether the attempt went to the provider named provider
+// of the handler scope scope: provider names are chosen per handler, so
+// only the two together name one upstream. An attempt recorded without a
+// scope (by an earlier release) is no handler's: asking or re-sending to a
+// namesake could reach an upstream that never saw it.
+func (a *Attempt) SentTo(scope, provider string) bool {
+	return a.Provider == provider && a.Scope == scope
 }
 
 // Lookups returns what the reconciler's lookups did on the attempt: the

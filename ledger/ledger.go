@@ -202,6 +202,11 @@ type NextAttempt struct {
 	ID string
 	// Provider names the provider the attempt is sent to.
 	Provider string
+	// Scope is the handler scope the attempt runs under. Provider names
+	// are chosen per handler, so two handlers sharing a ledger may both
+	// call a provider "api"; (Scope, Provider) names the upstream, and a
+	// reconciler asks a provider only about its own scope's attempts.
+	Scope string
 	// Lease is how long the attempt may run: its attempt_deadline is the
 	// ledger's clock plus Lease.
 	Lease time.Duration

@@ -335,7 +335,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 				nextIdx := 0
 				if pending == 0 && open && !res.att.Resend { // a re-send never fails over: its original may have acted
 					if i, ok := pol.Failover(latest, res.reason); ok {
-						na := ledger.NewAttempt(pol.Providers[i], m.cfg.AttemptDeadline)
+						na := m.newAttempt(pol.Providers[i])
 						next = &na
 						nextIdx = i
 					}
@@ -466,7 +466,7 @@ func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 	if skip || !ok {
 		return 0, ledger.Attempt{}, false
 	}
-	att, err := m.hedge(cur.Ref(), ledger.NewAttempt(m.policy.Providers[next], m.cfg.AttemptDeadline))
+	att, err := m.hedge(cur.Ref(), m.newAttempt(m.policy.Providers[next]))
 	if err != nil {
 		if !errors.Is(err, ledger.ErrStale) {
 			m.cfg.Logger.Error("hedge not started", zap.String("job_id", cur.JobID), zap.Error(err))

@@ -194,6 +194,10 @@ type Config struct {
 	MaxWait time.Duration
 
 	FailoverOn FailoverOn
+	// Scope is the handler scope every attempt records (ledger.NextAttempt):
+	// providers are named per handler, so a reconciler asks its providers
+	// only about attempts of its own scope.
+	Scope string
 	// Providers are tried in order; empty means the next handler.
 	Providers []Provider
 	// HedgeAfter starts a concurrent attempt on the next provider when the

@@ -83,6 +83,14 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	})
 }
 
+// newAttempt returns the next attempt to start on provider: a new id, the
+// handler's scope, and the attempt_deadline as its lease.
+func (m *Middleware) newAttempt(provider string) ledger.NextAttempt {
+	next := ledger.NewAttempt(provider, m.cfg.AttemptDeadline)
+	next.Scope = m.cfg.Scope
+	return next
+}
+
 // ServeHTTP runs the flow for one request; requests that are not ledgered
 // go to next untouched.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Handler) error {
@@ -163,7 +171,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		FingerprintVersion: m.fp.version(),
 		FingerprintScheme:  m.fp.scheme,
 		Retention:          m.cfg.Retention,
-		Attempt:            ledger.NewAttempt(m.cfg.Providers[0].Name, m.cfg.AttemptDeadline),
+		Attempt:            m.newAttempt(m.cfg.Providers[0].Name),
 	}
 	if implicit {
 		key, params.Retention = ImplicitKey(params.Fingerprint), m.cfg.ImplicitKey

@@ -35,9 +35,10 @@ func resendPending(status int) bool {
 
 // resendTarget returns the index of the provider j's request may be sent
 // again to, and the attempt the re-send reconciles: when every attempt
-// that blocks j went to that one provider, and it deduplicates. Two
-// providers that may both have acted are never reconciled by sending to
-// one of them.
+// that blocks j went to that one provider of this handler, and it
+// deduplicates. Two providers that may both have acted are never
+// reconciled by sending to one of them, nor another handler's provider by
+// sending to its namesake here.
 func (m *Middleware) resendTarget(j *ledger.Job) (int, *ledger.Attempt, bool) {
 	var (
 		target = -1
@@ -48,7 +49,8 @@ func (m *Middleware) resendTarget(j *ledger.Job) (int, *ledger.Attempt, bool) {
 		if !j.BlockedBy(a) {
 			continue
 		}
-		p := slices.Index(m.policy.Providers, a.Provider) // -1 for one no longer configured
+		// -1 for another handler's provider, or one no longer configured
+		p := slices.IndexFunc(m.policy.Providers, func(name string) bool { return a.SentTo(m.cfg.Scope, name) })
 		if p < 0 || m.cfg.Providers[p].Deduplicates == "" || (target >= 0 && p != target) {
 			return 0, nil, false
 		}
@@ -87,7 +89,7 @@ func (m *Middleware) resendOnRetry(ctx context.Context, res ledger.Reservation) 
 // re-send whose start was not confirmed is recorded as never sent once the
 // ledger answers.
 func (m *Middleware) resend(ref ledger.AttemptRef, p int) (*ledger.Attempt, error) {
-	next := ledger.NewAttempt(m.policy.Providers[p], m.cfg.AttemptDeadline)
+	next := m.newAttempt(m.policy.Providers[p])
 	a, err := ledgerCall(m, context.Background(), "resend", func(ctx context.Context) (ledger.Attempt, error) {
 		return m.cfg.Ledger.Resend(ctx, ref, next)
 	})

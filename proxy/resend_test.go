@@ -169,3 +169,31 @@ func TestNoResendAcrossProviders(t *testing.T) {
 		t.Errorf("primary %d calls, fallback %d", p.calls(), f.calls())
 	}
 }
+
+// TestNoResendAcrossScopes: two handlers share a ledger, each with a
+// deduplicating provider named primary, which are different upstreams.
+// Handler a's attempt ends unknown; the same request through handler b
+// (same owner, key and body) is never re-sent to b's primary, which never
+// saw the job: it gets 409 and the job stays unknown.
+func TestNoResendAcrossScopes(t *testing.T) {
+	da, db := newDedupProvider(), newDedupProvider()
+	hold := make(chan struct{})
+	da.hold = hold
+	cfg := Config{AttemptTimeout: 50 * time.Millisecond, AttemptDeadline: 20 * time.Second, Scope: "a"}
+	ha, _ := dedupHarness(t, cfg, da)
+	cfg.Scope, cfg.Ledger = "b", ha.l
+	hb, upB := dedupHarness(t, cfg, db)
+
+	first := ha.do(post("k", `{}`))
+	wantProblem(t, first, http.StatusGatewayTimeout, ProblemOutcomeUnknown)
+	job := jobID(t, first)
+	wantProblem(t, hb.do(post("k", `{}`)), http.StatusConflict, ProblemOutcomeUnknown)
+	if upB.calls() != 0 {
+		t.Errorf("handler b's primary got %d calls for handler a's job", upB.calls())
+	}
+	if j := ha.job(job); j.State != ledger.JobUnknown || attemptsOf(j) != "primary/unknown" {
+		t.Errorf("after the retry through b: %s [%s]", j.State, attemptsOf(j))
+	}
+	close(hold)
+	ha.waitRun()
+}

@@ -79,6 +79,7 @@ func run(t *testing.T, h Harness) {
 		{"FindExpiredLeaseReadsUnknown", testFindLease},
 		{"ResendReconcilesUnknown", testResend},
 		{"ResendAfterOperator", testResendAfterOperator},
+		{"AttemptsRecordTheirScope", testAttemptScopes},
 		{"LookupCompletes", testLookupCompletes},
 		{"LookupAbsent", testLookupAbsent},
 		{"LookupAbsentThenResult", testLookupAbsentThenResult},

@@ -2,6 +2,7 @@ package ledgertest
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/onejob/onejob/ledger"
@@ -86,5 +87,69 @@ func testResendAfterOperator(t *testing.T, h Harness) {
 	if _, err := l.Resend(ctx(t), ledger.AttemptRef{JobID: r.Job.ID, AttemptID: ledger.NewID(), Version: r.Attempt.JobVersion},
 		next("primary", long)); !errors.Is(err, ledger.ErrNotFound) && !errors.Is(err, ledger.ErrStale) {
 		t.Errorf("Resend of an attempt the job does not have: %v", err)
+	}
+}
+
+// testAttemptScopes: every attempt records the handler scope it started
+// under, however it started (a reservation, a re-opening, a failover, a
+// hedge, a re-send), and every read returns it.
+func testAttemptScopes(t *testing.T, h Harness) {
+	l := h.New(t)
+	scoped := func(provider, scope string) ledger.NextAttempt {
+		n := next(provider, long)
+		n.Scope = scope
+		return n
+	}
+	p := params(long)
+	p.Attempt = scoped("api", "site")
+	r := reserve(t, l, p, ledger.Created)
+	fo, err := l.Fail(ctx(t), r.Attempt.Ref(), "503", ptr(scoped("fallback", "site")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Fail(ctx(t), fo.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	p = p.WithNewIDs()
+	p.Attempt = scoped("api", "site#2")
+	re := reserve(t, l, p, ledger.Reopened)
+	hedge, err := l.Hedge(ctx(t), re.Attempt.Ref(), scoped("hedge", "site#2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Fail(ctx(t), hedge.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.MarkUnknown(ctx(t), re.Attempt.Ref(), "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := l.Resend(ctx(t), re.Attempt.Ref(), scoped("api", "site#2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, got := range map[string]string{"reserve": r.Attempt.Scope, "failover": fo.Scope,
+		"re-open": re.Attempt.Scope, "hedge": hedge.Scope, "re-send": rs.Scope} {
+		if want := map[bool]string{true: "site", false: "site#2"}[what == "reserve" || what == "failover"]; got != want {
+			t.Errorf("the %s's attempt has scope %q, want %q", what, got, want)
+		}
+	}
+
+	want := []string{"site", "site", "site#2", "site#2", "site#2"}
+	scopes := func(j *ledger.Job) []string {
+		s := make([]string, len(j.Attempts))
+		for i := range j.Attempts {
+			s[i] = j.Attempts[i].Scope
+		}
+		return s
+	}
+	found := find(t, l, p)
+	page, err := l.Jobs(ctx(t), ledger.JobQuery{Provider: "hedge"})
+	if err != nil || len(page.Jobs) != 1 {
+		t.Fatalf("Jobs: %d jobs, %v", len(page.Jobs), err)
+	}
+	for what, j := range map[string]*ledger.Job{"Job": job(t, l, r.Job.ID), "Find": found, "Jobs": page.Jobs[0]} {
+		if got := scopes(j); !slices.Equal(got, want) {
+			t.Errorf("%s: the attempts' scopes are %q, want %q", what, got, want)
+		}
 	}
 }

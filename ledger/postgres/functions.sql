@@ -89,7 +89,7 @@ END $$;
 -- is now.
 CREATE FUNCTION {{fn}}.reserve(
 	p_job uuid, p_attempt uuid, p_owner bytea, p_key bytea, p_fp bytea, p_fpv integer, p_fps text,
-	p_provider text, p_lease_us bigint, p_retention_us bigint,
+	p_provider text, p_scope text, p_lease_us bigint, p_retention_us bigint,
 	OUT outcome text, OUT ts timestamptz,
 	OUT job_id uuid, OUT job_state text, OUT job_version bigint, OUT completed_by uuid,
 	OUT created_at timestamptz, OUT completed_at timestamptz, OUT expires_at timestamptz,
@@ -115,7 +115,8 @@ BEGIN
 		ON CONFLICT DO NOTHING
 		RETURNING t.* INTO j;
 		IF FOUND THEN
-			INSERT INTO attempts AS t VALUES (p_attempt, j.id, 1, p_provider, 'starting', 1, ts, ts + lease)
+			INSERT INTO attempts AS t (id, job_id, number, provider, scope, state, job_version, started_at, deadline)
+			VALUES (p_attempt, j.id, 1, p_provider, p_scope, 'starting', 1, ts, ts + lease)
 			ON CONFLICT DO NOTHING
 			RETURNING t.* INTO a;
 			IF NOT FOUND THEN
@@ -174,7 +175,8 @@ BEGIN
 				response_body = NULL, response_size = NULL, response_stored = false
 			WHERE t.id = j.id
 			RETURNING t.* INTO j;
-			INSERT INTO attempts AS t VALUES (p_attempt, j.id, 1, p_provider, 'starting', 1, ts, ts + lease)
+			INSERT INTO attempts AS t (id, job_id, number, provider, scope, state, job_version, started_at, deadline)
+			VALUES (p_attempt, j.id, 1, p_provider, p_scope, 'starting', 1, ts, ts + lease)
 			ON CONFLICT DO NOTHING
 			RETURNING t.* INTO a;
 			IF NOT FOUND THEN
@@ -196,7 +198,8 @@ BEGIN
 		ELSIF j.state = 'completed' OR j.completed_by IS NOT NULL THEN
 			outcome := 'done';
 		ELSIF j.state = 'failed' THEN
-			INSERT INTO attempts AS t VALUES (p_attempt, j.id, j.attempt_count + 1, p_provider, 'starting',
+			INSERT INTO attempts AS t (id, job_id, number, provider, scope, state, job_version, started_at, deadline)
+			VALUES (p_attempt, j.id, j.attempt_count + 1, p_provider, p_scope, 'starting',
 				j.version + 1, ts, ts + lease)
 			ON CONFLICT DO NOTHING
 			RETURNING t.* INTO a;
@@ -347,7 +350,7 @@ END $$;
 -- the attempt it started, else 'blocked' (with a next attempt) or 'ok'.
 CREATE FUNCTION {{fn}}.fail(
 	p_job uuid, p_attempt uuid, p_reason text,
-	p_next uuid, p_next_provider text, p_next_lease_us bigint,
+	p_next uuid, p_next_provider text, p_next_scope text, p_next_lease_us bigint,
 	OUT outcome text, OUT attempt_number integer, OUT attempt_version bigint,
 	OUT attempt_provider text, OUT attempt_state text,
 	OUT attempt_started timestamptz, OUT attempt_deadline timestamptz)
@@ -399,7 +402,8 @@ BEGIN
 		PERFORM {{fn}}.refresh_lease(p_job, ts); -- unknown when nothing else runs
 		outcome := 'blocked';
 	ELSE
-		INSERT INTO attempts AS t VALUES (p_next, p_job, j.attempt_count + 1, p_next_provider, 'starting',
+		INSERT INTO attempts AS t (id, job_id, number, provider, scope, state, job_version, started_at, deadline)
+		VALUES (p_next, p_job, j.attempt_count + 1, p_next_provider, p_next_scope, 'starting',
 			j.version, ts, ts + lease)
 		ON CONFLICT DO NOTHING
 		RETURNING t.* INTO a;
@@ -490,7 +494,7 @@ END $$;
 -- then pending again (fsm.Resend). A repeat returns the attempt as it is
 -- now.
 CREATE FUNCTION {{fn}}.start_attempt(p_job uuid, p_version bigint, p_attempt uuid, p_provider text,
-	p_lease_us bigint, p_reconciles uuid,
+	p_scope text, p_lease_us bigint, p_reconciles uuid,
 	OUT outcome text, OUT attempt_number integer, OUT attempt_version bigint,
 	OUT attempt_provider text, OUT attempt_state text,
 	OUT attempt_started timestamptz, OUT attempt_deadline timestamptz)
@@ -528,8 +532,9 @@ BEGIN
 			outcome := 'stale';
 			RETURN;
 		END IF;
-		INSERT INTO attempts AS t VALUES (p_attempt, p_job, j.attempt_count + 1, p_provider, 'starting',
-			j.version, ts, ts + p_lease_us * interval '1 microsecond', NULL, NULL, p_reconciles IS NOT NULL)
+		INSERT INTO attempts AS t (id, job_id, number, provider, scope, state, job_version, started_at, deadline, resend)
+		VALUES (p_attempt, p_job, j.attempt_count + 1, p_provider, p_scope, 'starting',
+			j.version, ts, ts + p_lease_us * interval '1 microsecond', p_reconciles IS NOT NULL)
 		ON CONFLICT DO NOTHING
 		RETURNING t.* INTO a;
 		IF NOT FOUND THEN

@@ -18,6 +18,7 @@ var released = map[int]string{
 	6: "4374db376de6e4c210d96d351e9240e91c7b48953b0c979d1a102b79cfeb4870",
 	7: "4279791cd980031d3ef43daa1287dfde120cf16fd83d8606fe93bc340d00050a",
 	8: "7c279f2af0e43f94a94be8e1d0781bb03d2dfd09387dc883650f401cc3e095ed",
+	9: "eebefb627f4a18f0b22cbd2826d2ff903b6f6164a82d23f1994c63d26d7d0dae",
 }
 
 // quotedFn is the functions' schema of schema onejob as functions.sql

@@ -130,9 +130,9 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	dest = append(dest, resp.dest()...)
 	dest = append(dest, &attemptID, &attemptNumber, &attemptProvider, &attemptState, &attemptVersion, &attemptStarted, &attemptDeadline,
 		&fpVersion, &fpScheme)
-	err := l.pool.QueryRow(ctx, `SELECT * FROM reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+	err := l.pool.QueryRow(ctx, `SELECT * FROM reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
 		p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, p.Fingerprint, p.FingerprintVersion, p.FingerprintScheme,
-		p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention)).Scan(dest...)
+		p.Attempt.Provider, p.Attempt.Scope, micros(p.Attempt.Lease), micros(p.Retention)).Scan(dest...)
 	if err != nil {
 		return ledger.Reservation{}, fmt.Errorf("postgres ledger: reserve: %w", err)
 	}
@@ -171,6 +171,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 			Deadline:   timeOf(attemptDeadline),
 		}
 		if r.Outcome == ledger.Created || r.Outcome == ledger.Reopened {
+			r.Attempt.Scope = p.Attempt.Scope // the attempt this call started
 			j.Attempts = []ledger.Attempt{*r.Attempt}
 		}
 	}
@@ -228,15 +229,15 @@ func (l *Ledger) start(ctx context.Context, op string, ref ledger.AttemptRef, ne
 		outcome string
 		a       attemptCols
 	)
-	err := l.pool.QueryRow(ctx, `SELECT * FROM start_attempt($1, $2, $3, $4, $5, $6)`,
-		ref.JobID, ref.Version, next.ID, next.Provider, micros(next.Lease), reconciles).Scan(append([]any{&outcome}, a.dest()...)...)
+	err := l.pool.QueryRow(ctx, `SELECT * FROM start_attempt($1, $2, $3, $4, $5, $6, $7)`,
+		ref.JobID, ref.Version, next.ID, next.Provider, next.Scope, micros(next.Lease), reconciles).Scan(append([]any{&outcome}, a.dest()...)...)
 	if err != nil {
 		return ledger.Attempt{}, fmt.Errorf("postgres ledger: %s: %w", op, err)
 	}
 	switch outcome {
 	case "ok":
 		r := a.attempt(next.ID, ref.JobID)
-		r.Resend = reconciles != nil
+		r.Scope, r.Resend = next.Scope, reconciles != nil
 		return *r, nil
 	case "not_found":
 		return ledger.Attempt{}, ledger.ErrNotFound
@@ -321,15 +322,15 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 // Fail implements ledger.Ledger.
 func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
 	var (
-		nextID       any
-		nextProvider string
-		nextLease    int64
+		nextID                  any
+		nextProvider, nextScope string
+		nextLease               int64
 	)
 	if next != nil {
 		if !validID(next.ID) {
 			return nil, errInvalidID("attempt", next.ID)
 		}
-		nextID, nextProvider, nextLease = next.ID, next.Provider, micros(next.Lease)
+		nextID, nextProvider, nextScope, nextLease = next.ID, next.Provider, next.Scope, micros(next.Lease)
 	}
 	if !validID(ref.JobID) || !validID(ref.AttemptID) {
 		return nil, ledger.ErrNotFound
@@ -338,8 +339,8 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 		outcome string
 		a       attemptCols
 	)
-	err := l.pool.QueryRow(ctx, `SELECT * FROM fail($1, $2, $3, $4, $5, $6)`,
-		ref.JobID, ref.AttemptID, reason, nextID, nextProvider, nextLease).Scan(append([]any{&outcome}, a.dest()...)...)
+	err := l.pool.QueryRow(ctx, `SELECT * FROM fail($1, $2, $3, $4, $5, $6, $7)`,
+		ref.JobID, ref.AttemptID, reason, nextID, nextProvider, nextScope, nextLease).Scan(append([]any{&outcome}, a.dest()...)...)
 	if err != nil {
 		return nil, fmt.Errorf("postgres ledger: fail: %w", err)
 	}
@@ -350,7 +351,9 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 		if next == nil {
 			break
 		}
-		return a.attempt(next.ID, ref.JobID), nil
+		r := a.attempt(next.ID, ref.JobID)
+		r.Scope = next.Scope
+		return r, nil
 	case "blocked":
 		return nil, ledger.ErrBlocked
 	case "stale":

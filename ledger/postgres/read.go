@@ -24,7 +24,7 @@ const jobColumns = `id, owner_hash, key_hash, fingerprint, fingerprint_version, 
 const effectiveState = `CASE WHEN state = 'pending' AND completed_by IS NULL
 	AND (lease_until IS NULL OR lease_until <= clock_timestamp()) THEN 'unknown' ELSE state END`
 
-const attemptColumns = `id, job_id, number, provider, state, job_version, started_at, deadline, finished_at, coalesce(error, ''), resend,
+const attemptColumns = `id, job_id, number, provider, scope, state, job_version, started_at, deadline, finished_at, coalesce(error, ''), resend,
 	lookup_tries, lookup_last_status, lookup_last_at, lookup_next_at, lookup_settled, lookup_holder, lookup_until`
 
 // scanJob reads the jobColumns of a row, then extra columns into extra.
@@ -67,7 +67,7 @@ func scanAttempt(rows pgx.CollectableRow) (ledger.Attempt, error) {
 		lookup                ledger.Lookup
 	)
 	lk := &lookup
-	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error, &a.Resend,
+	err := rows.Scan(&a.ID, &a.JobID, &a.Number, &a.Provider, &a.Scope, &state, &a.JobVersion, &a.StartedAt, &a.Deadline, &finished, &a.Error, &a.Resend,
 		&lk.Tries, &lk.LastStatus, &lastAt, &nextAt, &lk.Settled, &lk.Holder, &until)
 	a.State = ledger.AttemptState(state)
 	a.FinishedAt = timeOf(finished)
@@ -119,7 +119,7 @@ func (l *Ledger) Job(ctx context.Context, jobID string) (*ledger.Job, error) {
 // times in microseconds since the epoch: Find and the lookups read them in
 // the job's row.
 const attemptsJSON = `(SELECT coalesce(json_agg(json_build_object(
-		'id', a.id, 'number', a.number, 'provider', a.provider, 'state', a.state,
+		'id', a.id, 'number', a.number, 'provider', a.provider, 'scope', a.scope, 'state', a.state,
 		'job_version', a.job_version, 'started_at', (extract(epoch FROM a.started_at) * 1000000)::int8,
 		'deadline', (extract(epoch FROM a.deadline) * 1000000)::int8,
 		'finished_at', (extract(epoch FROM a.finished_at) * 1000000)::int8, 'error', coalesce(a.error, ''),
@@ -135,6 +135,7 @@ type attemptJSON struct {
 	ID         string `json:"id"`
 	Number     int    `json:"number"`
 	Provider   string `json:"provider"`
+	Scope      string `json:"scope"`
 	State      string `json:"state"`
 	JobVersion int64  `json:"job_version"`
 	StartedAt  int64  `json:"started_at"`
@@ -198,7 +199,7 @@ func scanWhole(row pgx.Row) (*ledger.Job, error) {
 	j.Attempts = make([]ledger.Attempt, len(attempts))
 	for i, a := range attempts {
 		j.Attempts[i] = ledger.Attempt{
-			ID: a.ID, JobID: j.ID, Number: a.Number, Provider: a.Provider,
+			ID: a.ID, JobID: j.ID, Number: a.Number, Provider: a.Provider, Scope: a.Scope,
 			State: ledger.AttemptState(a.State), JobVersion: a.JobVersion,
 			StartedAt: time.UnixMicro(a.StartedAt), Deadline: time.UnixMicro(a.Deadline),
 			FinishedAt: unixMicro(a.FinishedAt), Error: a.Error, Resend: a.Resend,

@@ -224,6 +224,7 @@ func decodeAttempt(jobID string, n int, f *[afCount]string) ledger.Attempt {
 		JobID:      jobID,
 		Number:     n,
 		Provider:   f[afP],
+		Scope:      f[afSC],
 		State:      ledger.AttemptState(f[afS]),
 		JobVersion: int64Of(f[afV]),
 		StartedAt:  timeOf(f[afT0]),

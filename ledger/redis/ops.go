@@ -85,7 +85,7 @@ func (l *Ledger) reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	outcome, a, err := l.run(ctx, "reserve", l.scripts.reserve, keys,
 		bp, p.JobID, p.Attempt.ID, p.OwnerHash, p.KeyHash, ident, p.Fingerprint,
 		strconv.Itoa(p.FingerprintVersion), p.Attempt.Provider, micros(p.Attempt.Lease), micros(p.Retention),
-		p.FingerprintScheme)
+		p.FingerprintScheme, p.Attempt.Scope)
 	if err != nil {
 		return ledger.Reservation{}, err
 	}
@@ -167,7 +167,7 @@ func (l *Ledger) start(ctx context.Context, op string, ref ledger.AttemptRef, ne
 	}
 	outcome, a, err := l.run(ctx, op, l.scripts.start,
 		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
-		bp, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), reconciles)
+		bp, strconv.FormatInt(ref.Version, 10), next.ID, next.Provider, micros(next.Lease), reconciles, next.Scope)
 	if err != nil {
 		return ledger.Attempt{}, err
 	}
@@ -269,12 +269,12 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 	if !validID(ref.JobID) {
 		return nil, ledger.ErrNotFound
 	}
-	hasNext, nextID, provider, lease := "0", "", "", "0"
+	hasNext, nextID, provider, lease, scope := "0", "", "", "0", ""
 	if next != nil {
 		if next.ID == "" {
 			return nil, errNoIDs("fail")
 		}
-		hasNext, nextID, provider, lease = "1", next.ID, next.Provider, micros(next.Lease)
+		hasNext, nextID, provider, lease, scope = "1", next.ID, next.Provider, micros(next.Lease), next.Scope
 	}
 	bp, err := l.where(ctx, ref.JobID)
 	if err != nil {
@@ -282,7 +282,7 @@ func (l *Ledger) Fail(ctx context.Context, ref ledger.AttemptRef, reason string,
 	}
 	outcome, a, err := l.run(ctx, "fail", l.scripts.fail,
 		[]string{jobKey(bp, ref.JobID), attemptsKey(bp, ref.JobID), leasesKey(bp), expiryKey(bp)},
-		bp, ref.AttemptID, reason, hasNext, nextID, provider, lease)
+		bp, ref.AttemptID, reason, hasNext, nextID, provider, lease, scope)
 	if err != nil {
 		return nil, err
 	}

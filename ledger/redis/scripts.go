@@ -47,9 +47,9 @@ var jobFields = []string{
 }
 
 // The places of an attempt's fields in attemptFields, the order in which
-// scripts return one attempt; the fields from afLT on record the
+// scripts return one attempt; the fields from afLT to afLU record the
 // reconciler's lookups (lookup.lua), and only an attempt a lookup touched
-// has them.
+// has them; afSC is the attempt's scope, absent when it has none.
 const (
 	afID = iota
 	afP
@@ -67,6 +67,7 @@ const (
 	afLD
 	afLH
 	afLU
+	afSC
 	afCount
 )
 
@@ -75,6 +76,7 @@ const (
 var attemptFields = []string{
 	afID: "id", afP: "p", afS: "s", afV: "v", afT0: "t0", afDL: "dl", afT1: "t1", afE: "e", afRS: "rs",
 	afLT: "lt", afLS: "ls", afLA: "la", afLN: "ln", afLD: "ld", afLH: "lh", afLU: "lu",
+	afSC: "sc",
 }
 
 // script is a Lua script with its source, which preload sends.

@@ -37,6 +37,7 @@ func addAttempt(j *ledger.Job, next ledger.NextAttempt, now time.Time) *ledger.A
 		JobID:      j.ID,
 		Number:     len(j.Attempts) + 1,
 		Provider:   next.Provider,
+		Scope:      next.Scope,
 		State:      ledger.AttemptStarting,
 		JobVersion: j.Version,
 		StartedAt:  now,

@@ -22,17 +22,23 @@ const (
 	recordV1 = 0x01
 	recordV2 = 0x02 // the fingerprint's scheme after its version; each attempt's resend flag
 	recordV3 = 0x03 // each attempt's lookups after its resend flag
+	recordV4 = 0x04 // each attempt's scope after its lookups
 )
 
-// recordFormat is the oldest format that holds j: a job no lookup touched
-// is written as format 2, which gateways without lookups read too.
+// recordFormat is the oldest format that holds j: a job whose attempts
+// have no scope is written as format 3, and one no lookup touched either
+// as format 2, which gateways of earlier releases read too.
 func recordFormat(j *ledger.Job) byte {
+	format := byte(recordV2)
 	for i := range j.Attempts {
+		if j.Attempts[i].Scope != "" {
+			return recordV4
+		}
 		if j.Attempts[i].Lookup != nil {
-			return recordV3
+			format = recordV3
 		}
 	}
-	return recordV2
+	return format
 }
 
 // ErrCorrupt is the error of Decode for a record it cannot read.
@@ -95,6 +101,9 @@ func Encode(j *ledger.Job) []byte {
 		if format >= recordV3 {
 			b = appendLookup(b, a.Lookup)
 		}
+		if format >= recordV4 {
+			b = appendString(b, a.Scope)
+		}
 	}
 	return b
 }
@@ -155,7 +164,7 @@ func Decode(v []byte) (*ledger.Job, error) {
 		}
 		return &j, nil
 	}
-	if len(v) == 0 || v[0] < recordV1 || v[0] > recordV3 {
+	if len(v) == 0 || v[0] < recordV1 || v[0] > recordV4 {
 		return nil, ErrCorrupt
 	}
 	d := decoder{b: v[1:]}
@@ -220,6 +229,9 @@ func Decode(v []byte) (*ledger.Job, error) {
 					Tries: d.int(), LastStatus: d.int(), LastAt: d.time(), NextAt: d.time(),
 					Settled: d.flag(), Holder: d.string(), Until: d.time(),
 				}
+			}
+			if v[0] >= recordV4 {
+				j.Attempts[i].Scope = d.string()
 			}
 		}
 	}

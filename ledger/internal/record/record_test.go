@@ -103,6 +103,12 @@ func TestCodecRoundTrip(t *testing.T) {
 			j.Attempts[1].Lookup = &ledger.Lookup{Tries: 1, LastStatus: 200, LastAt: at, Settled: true, Holder: "r2"}
 			return j
 		}(),
+		"scoped": func() *ledger.Job {
+			j := codecJob()
+			j.Attempts[0].Scope, j.Attempts[1].Scope = "srv0", "srv0#2"
+			j.Attempts[1].Lookup = &ledger.Lookup{Tries: 1, LastStatus: 404, Settled: true, Holder: "r1"}
+			return j
+		}(),
 		"empty body": func() *ledger.Job {
 			j := codecJob()
 			j.Response = &ledger.Response{Status: 204, Body: []byte{}, Stored: true}
@@ -120,7 +126,8 @@ func TestCodecRoundTrip(t *testing.T) {
 }
 
 // A job no lookup touched is written in format 2, which gateways from
-// before lookups read; one with a lookup in format 3.
+// before lookups read; one with a lookup in format 3; one with a scoped
+// attempt in format 4.
 func TestCodecOldestFormat(t *testing.T) {
 	j := codecJob()
 	if f := Encode(j)[0]; f != recordV2 {
@@ -129,6 +136,10 @@ func TestCodecOldestFormat(t *testing.T) {
 	j.Attempts[1].Lookup = &ledger.Lookup{Tries: 1}
 	if f := Encode(j)[0]; f != recordV3 {
 		t.Errorf("format %d with a lookup, want %d", f, recordV3)
+	}
+	j.Attempts[0].Scope = "srv0"
+	if f := Encode(j)[0]; f != recordV4 {
+		t.Errorf("format %d with a scope, want %d", f, recordV4)
 	}
 }
 

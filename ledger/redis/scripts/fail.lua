@@ -7,7 +7,7 @@
 --
 -- KEYS: job, attempts, leases, expiry
 -- ARGV: bucket prefix, attempt id, reason, next ('1' or '0'), next id, next
---       provider, next lease us
+--       provider, next lease us, next scope
 CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)
@@ -18,7 +18,7 @@ local A = load_attempts(J)
 apply_leases(J, A, now)
 local next = nil
 if ARGV[4] == '1' then
-	next = {id = ARGV[5], provider = ARGV[6], lease = tonumber(ARGV[7])}
+	next = {id = ARGV[5], provider = ARGV[6], scope = ARGV[8], lease = tonumber(ARGV[7])}
 end
 local a = find(J, A, ARGV[2])
 local reply

@@ -224,14 +224,18 @@ local function load_leased(jkey, akey, now)
 	return J, A
 end
 
--- add_attempt starts a new attempt at the job's current version.
-local function add_attempt(J, A, id, provider, lease, now)
+-- add_attempt starts a new attempt at the job's current version, under
+-- the handler scope scope ('' for none).
+local function add_attempt(J, A, id, provider, scope, lease, now)
 	local n = J.n + 1
 	local a = {n = n, id = id, p = provider, s = 'starting', v = fmt(J.ver), dl = now + lease}
 	A[n] = a
 	J.n = n
 	redis.call('HSET', J.akey, n .. ':id', id, n .. ':p', provider, n .. ':s', 'starting',
 		n .. ':v', a.v, n .. ':t0', fmt(now), n .. ':dl', fmt(a.dl), n .. ':e', '')
+	if scope ~= '' then
+		redis.call('HSET', J.akey, n .. ':sc', scope)
+	end
 	redis.call('HSET', J.jkey, 'n', fmt(n))
 	return a
 end
@@ -299,7 +303,7 @@ local function win(J, a, status, hdr, body, size, stored, now)
 	finish(J, a, 'succeeded', '', now)
 end
 
--- after_failure starts the next attempt (next: {id, provider, lease}), or
+-- after_failure starts the next attempt (next: {id, provider, scope, lease}), or
 -- fails the job, once attempt a failed; when something blocks, the job is
 -- left unknown if nothing else runs (fsm.afterFailure). It returns the
 -- reply: {'next', now, attempt}, {'blocked'} or {'ok'}.
@@ -315,7 +319,7 @@ local function after_failure(J, A, a, next, now)
 		if J.state ~= 'pending' then
 			set_state(J, 'pending')
 		end
-		local n = add_attempt(J, A, next.id, next.provider, next.lease, now)
+		local n = add_attempt(J, A, next.id, next.provider, next.scope, next.lease, now)
 		return {'next', fmt(now), attempt_reply(J, n)}
 	end
 	settle(J, 'failed', now)

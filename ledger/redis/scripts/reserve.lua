@@ -11,7 +11,7 @@
 -- KEYS: identity, new job, new job's attempts, idx, leases, expiry
 -- ARGV: bucket prefix, job id, attempt id, owner hash, key hash, identity (hex),
 --       fingerprint, fingerprint version, provider, lease us, retention us,
---       fingerprint scheme
+--       fingerprint scheme, scope
 --
 -- The existing job's keys are named after the id stored under the identity
 -- key, in the identity's bucket: the one place a script touches keys it was
@@ -47,7 +47,7 @@ if id then
 			bump(J)
 			unsettle(J)
 			set_state(J, 'pending')
-			num = add_attempt(J, A, ARGV[3], ARGV[9], lease, now).n
+			num = add_attempt(J, A, ARGV[3], ARGV[9], ARGV[13], lease, now).n
 			outcome = 'reopened'
 		elseif J.state == 'pending' and has_live(J, A, nil) then
 			outcome = 'in_flight'
@@ -83,7 +83,7 @@ redis.call('HSET', J.jkey, 'id', J.id, 'owner', ARGV[4], 'key', ARGV[5], 'ident'
 redis.call('SET', KEYS[1], J.id)
 redis.call('ZADD', KEYS[4], '0', J.id)
 local A = {}
-add_attempt(J, A, ARGV[3], ARGV[9], lease, now)
+add_attempt(J, A, ARGV[3], ARGV[9], ARGV[13], lease, now)
 reindex(J, A)
 -- The job is what the call described, at this time: the caller makes it
 -- from its own parameters (createdJob), nothing is read back.

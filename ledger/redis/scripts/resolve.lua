@@ -30,7 +30,7 @@ if not repeated and not (cancel and J.state == 'failed' and not has_running(J, A
 	if cancel then
 		settle(J, 'failed', now)
 	else
-		local a = add_attempt(J, A, ARGV[3], 'admin', 0, now)
+		local a = add_attempt(J, A, ARGV[3], 'admin', '', 0, now)
 		win(J, a, ARGV[4], ARGV[5], ARGV[6], fmt(string.len(ARGV[6])), '1', now)
 	end
 end

@@ -7,7 +7,8 @@
 -- as it is now.
 --
 -- KEYS: job, attempts, leases, expiry
--- ARGV: bucket prefix, version, attempt id, provider, lease us, reconciled attempt id or ''
+-- ARGV: bucket prefix, version, attempt id, provider, lease us, reconciled attempt id or '',
+--       scope
 CTX.leases, CTX.expiry, CTX.channel = KEYS[3], KEYS[4], ARGV[1] .. 'jobs'
 local now = now_us()
 local J = load_current(KEYS[1], KEYS[2], now)
@@ -33,7 +34,7 @@ if not a then
 	if not allowed or J.ver ~= tonumber(ARGV[2]) then
 		return {'stale'}
 	end
-	a = add_attempt(J, A, ARGV[3], ARGV[4], tonumber(ARGV[5]), now)
+	a = add_attempt(J, A, ARGV[3], ARGV[4], ARGV[7], tonumber(ARGV[5]), now)
 	if resend then
 		redis.call('HSET', J.akey, a.n .. ':rs', '1')
 		J.state = 'pending'
