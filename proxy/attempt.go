@@ -269,7 +269,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 			results <- t.run()
 			return
 		}
-		runners.run(func() { results <- t.run() })
+		rn.m.runners.run(func() { results <- t.run() })
 	}
 	var (
 		hedge  *time.Timer
@@ -413,13 +413,15 @@ func growStack(i int) byte {
 	return frame[i]
 }
 
-// runners runs runs and tries on goroutines kept between them, so that
-// each does not start a goroutine and grow its stack again: a stack of
-// that size (32 KiB with growStack's frame) is past the ones Go keeps
-// cached per processor, and each took a lock on the heap to allocate and
-// a copy of its frames, 3.5% of a fresh request's CPU in the profile. A
-// goroutine left idle for runnerIdle ends.
-var runners = pool{tasks: make(chan func())}
+// A Middleware's runners run its runs and tries on goroutines kept
+// between them, so that each does not start a goroutine and grow its
+// stack again: a stack of that size (32 KiB with growStack's frame) is
+// past the ones Go keeps cached per processor, and each took a lock on
+// the heap to allocate and a copy of its frames, 3.5% of a fresh
+// request's CPU in the profile. A goroutine left idle for runnerIdle ends.
+// The pool is the Middleware's, not the process's: its goroutines live
+// with the Middleware's own (in a testing/synctest bubble, a channel made
+// outside it would hold the bubble's clock still).
 
 const runnerIdle = 10 * time.Second
 

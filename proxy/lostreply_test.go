@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -208,6 +209,40 @@ func TestReserveReplyLostThenDownIsRecordedUnsent(t *testing.T) {
 	rec := h.do(post("k", `{}`))
 	wantAnswer(t, rec, http.StatusCreated, "{\"id\":\"ch_1\",\"amount\":100}\n")
 	if h.up.calls() != 1 {
+		t.Errorf("upstream called %d times", h.up.calls())
+	}
+}
+
+// The provider cannot be dialled, and the ledger goes down before the
+// failure is recorded: the attempt was never sent, and once the ledger
+// answers again it is recorded failed, not left for its lease to make
+// unknown; the retry runs the job.
+func TestConnectErrorNotRecordedIsRecordedUnsent(t *testing.T) {
+	l := newLossy()
+	h := newHarness(t, Config{Ledger: l}, func(w http.ResponseWriter, r *http.Request, n int) error {
+		if n == 1 {
+			l.setDown(true)
+			return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, err := w.Write([]byte("charged"))
+		return err
+	})
+	first := h.do(post("k", `{}`))
+	if first.Code/100 != 5 {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	h.waitRun()
+	l.setDown(false)
+	deadline := time.Now().Add(patience)
+	for onlyJob(t, h.l).State != ledger.JobFailed {
+		if time.Now().After(deadline) {
+			t.Fatalf("the never-sent attempt was not recorded: job %s [%s]", onlyJob(t, h.l).State, attemptsOf(onlyJob(t, h.l)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	wantAnswer(t, h.do(post("k", `{}`)), http.StatusCreated, "charged")
+	if h.up.calls() != 2 {
 		t.Errorf("upstream called %d times", h.up.calls())
 	}
 }

@@ -25,6 +25,7 @@ type Middleware struct {
 	fp     fingerprinter
 	hasher Hasher
 
+	runners       pool // runs runs and tries
 	unsentQ       unsentQueue
 	lives         liveStreams
 	statusBase    string    // the escaped "<StatusPath>/", derived once
@@ -63,6 +64,7 @@ func New(cfg Config) (*Middleware, error) {
 		statusBase:    statusBase(cfg.StatusPath),
 		deduplicating: slices.ContainsFunc(cfg.Providers, func(p Provider) bool { return p.Deduplicates != "" }),
 		localLedger:   ledger.IsLocal(cfg.Ledger),
+		runners:       pool{tasks: make(chan func())},
 	}, nil
 }
 
@@ -325,7 +327,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 	base := r.WithContext(context.WithValue(context.WithoutCancel(r.Context()), guardedKey{}, true))
 	rn := newRunner(m, base, next, body, w, *res.Attempt)
 	first, provider, release := *res.Attempt, m.policy.Index(res.Attempt.Provider), m.cfg.Hold()
-	runners.run(func() { rn.run(first, provider, until, release) })
+	m.runners.run(func() { rn.run(first, provider, until, release) })
 
 	timer := time.NewTimer(m.cfg.AttemptTimeout)
 	defer timer.Stop()
@@ -646,8 +648,9 @@ func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.
 }
 
 // fail records a definitive failure of att and starts next, if set. When
-// the ledger does not answer, next may exist there but is never sent: it
-// is recorded so once the ledger answers.
+// the ledger does not answer, next may exist there but is never sent, and
+// att, when its request never left (a connect error), was never sent
+// either: each is recorded so once the ledger answers, att first.
 func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
 	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
@@ -656,8 +659,13 @@ func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAt
 	if err != nil && !errors.Is(err, ledger.ErrBlocked) {
 		m.cfg.Logger.Error("failure not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
-		if next != nil && !answered(err) {
-			m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: att.JobID, AttemptID: next.ID}})
+		if !answered(err) {
+			if reason == fallback.ReasonConnect {
+				m.unsent(unsentWork{ref: att.Ref()})
+			}
+			if next != nil {
+				m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: att.JobID, AttemptID: next.ID}})
+			}
 		}
 		return nil, err
 	}

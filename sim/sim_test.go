@@ -1,0 +1,235 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/file"
+	"github.com/onejob/onejob/ledger/memory"
+	"github.com/onejob/onejob/proxy"
+)
+
+var (
+	seedFlag      = flag.Int64("sim.seed", 0, "run only the schedule of this seed")
+	schedulesFlag = flag.Int("sim.schedules", 0, "schedules per ledger; default $ONEJOB_SIM_SCHEDULES, else 2000")
+	traceFlag     = flag.Bool("sim.trace", false, "print the trace of every schedule run")
+)
+
+// schedules returns the seeds to run: -sim.seed alone, else 1 to N (the
+// same seeds in every run of the test command, so that it passes or fails
+// the same way; the long mode draws its own with ONEJOB_SIM_BASE).
+func schedules(t *testing.T) []int64 {
+	if *seedFlag != 0 {
+		return []int64{*seedFlag}
+	}
+	n := *schedulesFlag
+	if n == 0 {
+		n = 2000
+		if v := os.Getenv("ONEJOB_SIM_SCHEDULES"); v != "" {
+			var err error
+			if n, err = strconv.Atoi(v); err != nil || n < 1 {
+				t.Fatalf("ONEJOB_SIM_SCHEDULES=%q: want a count", v)
+			}
+		}
+	}
+	base := int64(0)
+	if v := os.Getenv("ONEJOB_SIM_BASE"); v != "" {
+		var err error
+		if base, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatalf("ONEJOB_SIM_BASE=%q: want a number", v)
+		}
+	}
+	seeds := make([]int64, n)
+	for i := range seeds {
+		seeds[i] = base + int64(i) + 1
+	}
+	return seeds
+}
+
+// store is a ledger the gateways of a schedule share.
+type store struct {
+	name string
+	open func(t *testing.T) ledger.Ledger
+}
+
+var stores = []store{
+	{"memory", func(*testing.T) ledger.Ledger { return memory.New() }},
+	{"file", func(t *testing.T) ledger.Ledger {
+		l, err := file.Open(filepath.Join(t.TempDir(), "jobs"), file.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}},
+}
+
+// TestExactlyOnce runs every schedule on every store that runs in the
+// test's process, each in a synctest bubble, and fails at the first
+// schedule that breaks an invariant, with the command that replays it.
+func TestExactlyOnce(t *testing.T) {
+	seeds := schedules(t)
+	for _, s := range stores {
+		t.Run(s.name, func(t *testing.T) {
+			for _, seed := range seeds {
+				var w *world
+				synctest.Test(t, func(t *testing.T) { w = run(t, s, seed) })
+				v := w.check()
+				if *traceFlag || len(v) > 0 {
+					t.Logf("seed %d trace:\n%s", seed, strings.Join(w.trace, "\n"))
+				}
+				if len(v) > 0 {
+					t.Fatalf("seed %d broke %d invariants:\n  %s\nreplay: go test ./sim -run 'TestExactlyOnce/%s' -sim.seed=%d -sim.trace",
+						seed, len(v), strings.Join(v, "\n  "), s.name, seed)
+				}
+			}
+			t.Logf("%d schedules, no violation", len(seeds))
+		})
+	}
+}
+
+// run plays the schedule of seed on a new store, inside the bubble: the
+// clients run to their end, then the links heal and the world settles.
+func run(t *testing.T, s store, seed int64) *world {
+	w := &world{seed: seed, effects: map[string][]string{}, received: map[string]bool{}, jobIntent: map[string]string{}}
+	w.store = s.open(t)
+	defer w.store.Close()
+	primary, fallback := &provider{w: w, name: "primary"}, &provider{w: w, name: "fallback"}
+	failoverOn, err := proxy.ParseFailoverOn([]string{"connect_error", "503"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mws := make([]*proxy.Middleware, gateways)
+	for g := range mws {
+		l := &link{Ledger: w.store, w: w, name: "gw" + strconv.Itoa(g), calls: map[string]int{}}
+		mw, err := proxy.New(proxy.Config{
+			Ledger:          l,
+			Scope:           "site",
+			Providers:       []proxy.Provider{{Name: primary.name, Handler: primary}, {Name: fallback.name, Handler: fallback}},
+			FailoverOn:      failoverOn,
+			AttemptTimeout:  attemptTimeout,
+			AttemptDeadline: attemptDeadline,
+			Retention:       time.Hour,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mws[g] = mw
+	}
+	var wg sync.WaitGroup
+	for i := range intents {
+		wg.Add(1)
+		go w.client(i, mws, &wg)
+	}
+	wg.Wait()
+	w.mu.Lock()
+	w.healed = true
+	w.mu.Unlock()
+	w.logf("links healed")
+	time.Sleep(settleTime)
+	synctest.Wait()
+	w.readJobs()
+	return w
+}
+
+// readJobs reads every job a client was told of, as the world ends.
+func (w *world) readJobs() {
+	jobs := map[string]bool{}
+	for _, a := range w.answers {
+		if a.job != "" {
+			jobs[a.job] = true
+		}
+	}
+	for job := range w.jobIntent {
+		jobs[job] = true
+	}
+	for id := range jobs {
+		j, err := w.store.Job(context.Background(), id)
+		if err != nil {
+			w.violation("job %s, which a client or provider saw, cannot be read: %v", id, err)
+			continue
+		}
+		w.final = append(w.final, j)
+	}
+	slices.SortFunc(w.final, func(a, b *ledger.Job) int { return strings.Compare(a.ID, b.ID) })
+}
+
+// check tests the invariants of docs/reliability.md on what the schedule
+// left, and returns each violation.
+func (w *world) check() []string {
+	v := slices.Clone(w.lateSends) // no attempt arrives after its lease
+	byID := map[string]*ledger.Job{}
+	for _, j := range w.final {
+		byID[j.ID] = j
+	}
+
+	// At most one side effect per intent.
+	for intent, acts := range w.effects {
+		if len(acts) > 1 {
+			v = append(v, fmt.Sprintf("intent %s acted %d times: %v", intent, len(acts), acts))
+		}
+	}
+
+	for _, a := range w.answers {
+		if a.status/100 != 2 {
+			continue
+		}
+		var s sent
+		if err := json.Unmarshal(a.body, &s); err != nil {
+			v = append(v, fmt.Sprintf("request %s: answer %d %q is not a provider's", a.request, a.status, a.body))
+			continue
+		}
+		// No answer crosses owners or intents.
+		if s.Intent != a.intent || !strings.HasPrefix(a.intent, s.Owner+"/") {
+			v = append(v, fmt.Sprintf("request %s of %s got the answer of %s (owner %s)", a.request, a.intent, s.Intent, s.Owner))
+		}
+		// Replayed exactly when the request did not produce the answer.
+		if mine := s.Request == a.request; a.replayed == mine {
+			v = append(v, fmt.Sprintf("request %s: Idempotent-Replayed %v on an answer produced by %s", a.request, a.replayed, s.Request))
+		}
+		// Every answer of a completed job is its stored answer, byte for
+		// byte; a replay comes only from a completed job. (The request
+		// whose attempt produced an answer gets it even when the ledger
+		// did not take it: the job is then unknown, never completed with
+		// another.)
+		j := byID[a.job]
+		switch {
+		case j == nil:
+			v = append(v, fmt.Sprintf("request %s: answered for job %q, which does not exist", a.request, a.job))
+		case j.State != ledger.JobCompleted || j.Response == nil:
+			if a.replayed {
+				v = append(v, fmt.Sprintf("request %s got a replay, but job %s is %s", a.request, j.ID, j.State))
+			}
+		case !bytes.Equal(j.Response.Body, a.body) || j.Response.Status != a.status:
+			v = append(v, fmt.Sprintf("request %s: answer %d %s, stored %d %s", a.request, a.status, a.body, j.Response.Status, j.Response.Body))
+		}
+	}
+
+	for _, j := range w.final {
+		acted := len(w.effects[w.jobIntent[j.ID]]) > 0
+		for _, a := range j.Attempts {
+			ref := j.ID + "/" + strconv.Itoa(a.Number)
+			// An attempt never sent ends failed once the link is back.
+			if !w.received[ref] && (a.State == ledger.AttemptUnknown || a.State == ledger.AttemptStarting) {
+				v = append(v, fmt.Sprintf("attempt %s was never sent but is %s", ref, a.State))
+			}
+		}
+		// No job fails while a provider acted for it.
+		if j.State == ledger.JobFailed && acted {
+			v = append(v, fmt.Sprintf("job %s is failed, but a provider acted for it: %v", j.ID, w.effects[w.jobIntent[j.ID]]))
+		}
+	}
+	return v
+}

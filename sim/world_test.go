@@ -1,0 +1,382 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/proxy"
+)
+
+// The shape of every schedule: what its clients, gateways and providers
+// are configured with. The durations are virtual.
+const (
+	gateways        = 3
+	intents         = 6
+	maxTries        = 5 // requests one client sends for its intent at most
+	attemptTimeout  = time.Second
+	attemptDeadline = 5 * time.Second
+	// settleTime is how long the world runs after its clients are done and
+	// its links healed: past every lease and every never-sent queue's pause.
+	settleTime = 10 * time.Minute
+)
+
+// world is one schedule: the shared store, the gateways and their links,
+// the providers, and what everyone saw, for the checker.
+type world struct {
+	seed  int64
+	store ledger.Ledger
+
+	mu        sync.Mutex
+	healed    bool
+	trace     []string
+	effects   map[string][]string // intent: the attempts that acted ("job/number")
+	received  map[string]bool     // "job/number": a provider received the attempt
+	answers   []answer            // every client's answer
+	lateSends []string            // attempts received past their lease
+	jobIntent map[string]string   // job id: intent
+	final     []*ledger.Job       // every job, as the world ended
+}
+
+// answer is what one client request got.
+type answer struct {
+	intent, request string
+	status          int
+	job             string
+	replayed        bool
+	body            []byte
+}
+
+// draw returns a number fixed by the seed and parts: the same schedule
+// draws the same faults and behaviours, in any process, whatever order
+// its goroutines run in.
+func (w *world) draw(parts ...any) uint64 {
+	h := fnv.New64a()
+	fmt.Fprint(h, w.seed)
+	for _, p := range parts {
+		fmt.Fprint(h, "\x00", p)
+	}
+	// FNV's low bits are weak on short inputs: mix them (splitmix64).
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+func (w *world) logf(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.trace = append(w.trace, fmt.Sprintf("%8.3fs ", float64(time.Since(epoch))/float64(time.Second))+fmt.Sprintf(format, args...))
+}
+
+// epoch is the start of every synctest bubble's clock.
+var epoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// --- the links --------------------------------------------------------------
+
+var (
+	errRefused   = errors.New("link: connection refused")
+	errReplyLost = errors.New("link: reply lost")
+	errDown      = errors.New("link: down")
+)
+
+// link is one gateway's connection to the shared store: per call it may
+// refuse before the call runs, lose the reply after it ran, delay the
+// reply, or go down for a while.
+type link struct {
+	ledger.Ledger
+	w    *world
+	name string
+
+	mu    sync.Mutex
+	calls map[string]int
+	down  time.Time // the link is down until then
+}
+
+// do runs call across the link.
+func linkDo[T any](l *link, ctx context.Context, op string, call func(context.Context) (T, error)) (T, error) {
+	var zero T
+	l.mu.Lock()
+	n := l.calls[op]
+	l.calls[op]++
+	down := time.Now().Before(l.down)
+	l.mu.Unlock()
+	l.w.mu.Lock()
+	healed := l.w.healed
+	l.w.mu.Unlock()
+	if healed {
+		return call(ctx)
+	}
+	if down {
+		return zero, errDown
+	}
+	x := l.w.draw("link", l.name, op, n) % 1000
+	switch {
+	case x < 30:
+		l.w.logf("%s %s #%d: refused", l.name, op, n)
+		return zero, errRefused
+	case x < 60:
+		_, err := call(ctx)
+		l.w.logf("%s %s #%d: ran (%v), reply lost", l.name, op, n, err)
+		return zero, errReplyLost
+	case x < 80:
+		d := time.Duration(1+l.w.draw("delay", l.name, op, n)%8000) * time.Millisecond
+		v, err := call(ctx)
+		l.w.logf("%s %s #%d: ran (%v), reply delayed %v", l.name, op, n, err, d)
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return v, err
+		case <-ctx.Done():
+			return zero, ctx.Err()
+		}
+	case x < 85:
+		d := time.Duration(1+l.w.draw("down", l.name, op, n)%30) * time.Second
+		l.mu.Lock()
+		l.down = time.Now().Add(d)
+		l.mu.Unlock()
+		l.w.logf("%s %s #%d: link down for %v", l.name, op, n, d)
+		return zero, errDown
+	}
+	return call(ctx)
+}
+
+func (l *link) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	return linkDo(l, ctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) { return l.Ledger.Reserve(ctx, p) })
+}
+
+func (l *link) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return linkDo(l, ctx, "hedge", func(ctx context.Context) (ledger.Attempt, error) { return l.Ledger.Hedge(ctx, ref, next) })
+}
+
+func (l *link) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	return linkDo(l, ctx, "resend", func(ctx context.Context) (ledger.Attempt, error) { return l.Ledger.Resend(ctx, ref, next) })
+}
+
+func (l *link) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
+	return linkDo(l, ctx, "complete", func(ctx context.Context) (ledger.Completion, error) { return l.Ledger.Complete(ctx, ref, resp) })
+}
+
+func (l *link) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	_, err := linkDo(l, ctx, "save_body", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, l.Ledger.SaveBody(ctx, ref, body, size, stored)
+	})
+	return err
+}
+
+func (l *link) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	return linkDo(l, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) { return l.Ledger.Fail(ctx, ref, reason, next) })
+}
+
+func (l *link) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
+	_, err := linkDo(l, ctx, "unsent", func(ctx context.Context) (struct{}, error) { return struct{}{}, l.Ledger.Unsent(ctx, ref) })
+	return err
+}
+
+func (l *link) MarkUnknown(ctx context.Context, ref ledger.AttemptRef, reason string) error {
+	_, err := linkDo(l, ctx, "mark_unknown", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, l.Ledger.MarkUnknown(ctx, ref, reason)
+	})
+	return err
+}
+
+func (l *link) Job(ctx context.Context, id string) (*ledger.Job, error) {
+	return linkDo(l, ctx, "job", func(ctx context.Context) (*ledger.Job, error) { return l.Ledger.Job(ctx, id) })
+}
+
+func (l *link) Find(ctx context.Context, owner, key []byte) (*ledger.Job, error) {
+	return linkDo(l, ctx, "find", func(ctx context.Context) (*ledger.Job, error) { return l.Ledger.Find(ctx, owner, key) })
+}
+
+func (l *link) Wait(ctx context.Context, id string) (*ledger.Job, error) {
+	return linkDo(l, ctx, "wait", func(ctx context.Context) (*ledger.Job, error) { return l.Ledger.Wait(ctx, id) })
+}
+
+// Close leaves the store to the world.
+func (l *link) Close() error { return nil }
+
+// --- the providers ----------------------------------------------------------
+
+// provider is one upstream, shared by every gateway. What it does with
+// attempt n of an intent is drawn from the seed.
+type provider struct {
+	w    *world
+	name string
+}
+
+// sent is the body a provider answers with: who asked, for what, which
+// request carried it.
+type sent struct {
+	Intent   string `json:"intent"`
+	Owner    string `json:"owner"`
+	Request  string `json:"request"`
+	Job      string `json:"job"`
+	Attempt  int    `json:"attempt"`
+	Provider string `json:"provider"`
+}
+
+func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
+	w := p.w
+	job := r.Header.Get(proxy.HeaderJobID)
+	n, _ := strconv.Atoi(r.Header.Get(proxy.HeaderAttempt))
+	intent := r.Header.Get("X-Sim-Intent")
+	attempt := job + "/" + strconv.Itoa(n)
+	w.mu.Lock()
+	w.received[attempt] = true
+	w.jobIntent[job] = intent
+	w.mu.Unlock()
+	p.checkLease(job, n)
+
+	act := func() {
+		w.mu.Lock()
+		w.effects[intent] = append(w.effects[intent], attempt+" at "+p.name)
+		w.mu.Unlock()
+	}
+	body, _ := json.Marshal(sent{Intent: intent, Owner: r.Header.Get("Authorization"), Request: r.Header.Get("X-Sim-Request"),
+		Job: job, Attempt: n, Provider: p.name})
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-r.Context().Done():
+			return false
+		}
+	}
+	io.Copy(io.Discard, r.Body)
+	x := w.draw("provider", p.name, intent, n) % 100
+	switch {
+	case x < 50: // acts, answers after a while
+		d := []time.Duration{0, 100 * time.Millisecond, 800 * time.Millisecond, 1500 * time.Millisecond}[x%4]
+		act()
+		w.logf("%s %s: acts, answers in %v", p.name, attempt, d)
+		if !wait(d) {
+			return r.Context().Err()
+		}
+		rw.Header().Set("Content-Type", "application/json")
+		rw.WriteHeader(http.StatusCreated)
+		_, err := rw.Write(body)
+		return err
+	case x < 60: // refuses before acting
+		w.logf("%s %s: refuses (503)", p.name, attempt)
+		rw.WriteHeader(http.StatusServiceUnavailable)
+		return nil
+	case x < 70: // never answers, never acts
+		w.logf("%s %s: hangs", p.name, attempt)
+		<-r.Context().Done()
+		return r.Context().Err()
+	case x < 80: // acts, then the connection breaks
+		act()
+		w.logf("%s %s: acts, connection breaks", p.name, attempt)
+		return errors.New("read tcp: connection reset by peer")
+	case x < 90: // acts, answers past the deadline
+		act()
+		w.logf("%s %s: acts, answers past the deadline", p.name, attempt)
+		if !wait(2 * attemptDeadline) {
+			return r.Context().Err()
+		}
+		rw.WriteHeader(http.StatusCreated)
+		_, err := rw.Write(body)
+		return err
+	}
+	// The dial fails: the request never reached the provider.
+	w.mu.Lock()
+	delete(w.received, attempt)
+	w.mu.Unlock()
+	w.logf("%s %s: connection refused", p.name, attempt)
+	return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+}
+
+// checkLease records an attempt that arrived after its lease ran out by
+// the ledger's clock.
+func (p *provider) checkLease(job string, n int) {
+	j, err := p.w.store.Job(context.Background(), job)
+	if err != nil {
+		p.w.violation("attempt %s/%d arrived at %s but its job cannot be read: %v", job, n, p.name, err)
+		return
+	}
+	for _, a := range j.Attempts {
+		if a.Number == n && !time.Now().Before(a.Deadline) {
+			p.w.violation("attempt %s/%d arrived at %s %v after its lease ran out", job, n, p.name, time.Since(a.Deadline))
+		}
+	}
+}
+
+func (w *world) violation(format string, args ...any) {
+	w.logf("VIOLATION: "+format, args...)
+	w.mu.Lock()
+	w.lateSends = append(w.lateSends, fmt.Sprintf(format, args...))
+	w.mu.Unlock()
+}
+
+// --- the clients ------------------------------------------------------------
+
+// client sends the requests of one intent until one is answered with the
+// provider's answer, or it runs out of tries.
+func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
+	defer wg.Done()
+	owner := []string{"alice", "bob"}[w.draw("owner", i)%2]
+	key := fmt.Sprintf("key-%d", w.draw("key", i)%4) // the same key for two owners, now and then
+	intent := owner + "/" + key
+	// Two intents of one owner with one key are one intent to the gateway,
+	// with two bodies: the second is a mismatch, not a second charge.
+	body := fmt.Sprintf(`{"amount":%d}`, 100+i)
+	start := time.Duration(w.draw("start", i)%2000) * time.Millisecond
+	time.Sleep(start)
+	var dup sync.WaitGroup
+	for try := range maxTries {
+		send := func(req string) answer {
+			g := w.draw("gateway", i, req) % uint64(len(mws))
+			r := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(body))
+			r.Header.Set(proxy.DefaultKeyHeader, key)
+			r.Header.Set("Authorization", owner)
+			r.Header.Set("X-Sim-Intent", intent)
+			r.Header.Set("X-Sim-Request", req)
+			rec := httptest.NewRecorder()
+			if err := mws[g].ServeHTTP(rec, r, noNext); err != nil {
+				w.violation("request %s: the middleware returned %v", req, err)
+			}
+			a := answer{intent: intent, request: req, status: rec.Code, job: rec.Header().Get(proxy.HeaderJobID),
+				replayed: rec.Header().Get(proxy.HeaderReplayed) == "true", body: rec.Body.Bytes()}
+			w.logf("client %s %s via gw%d: %d replayed=%v %s", intent, req, g, a.status, a.replayed, strings.TrimSpace(string(a.body)))
+			w.mu.Lock()
+			w.answers = append(w.answers, a)
+			w.mu.Unlock()
+			return a
+		}
+		req := fmt.Sprintf("r%d.%d", i, try)
+		if w.draw("duplicate", i, try)%5 == 0 { // a duplicate in flight
+			dup.Add(1)
+			go func() { defer dup.Done(); send(req + "d") }()
+		}
+		a := send(req)
+		if a.status == http.StatusCreated && w.draw("again", i, try)%2 == 0 {
+			break
+		}
+		if a.status == http.StatusUnprocessableEntity { // a mismatch: another body has the key
+			break
+		}
+		time.Sleep(time.Duration(100+w.draw("jitter", i, try)%3000) * time.Millisecond)
+	}
+	dup.Wait()
+}
+
+// noNext is the next handler: never called, every route has providers.
+var noNext = proxy.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+	return errors.New("next called although providers are configured")
+})
