@@ -68,12 +68,24 @@ type store struct {
 var stores = []store{
 	{"memory", func(*testing.T) ledger.Ledger { return memory.New() }},
 	{"file", func(t *testing.T) ledger.Ledger {
-		l, err := file.Open(filepath.Join(t.TempDir(), "jobs"), file.Options{})
+		l, err := file.Open(filepath.Join(memDir(t), "jobs"), file.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}},
+}
+
+// memDir returns a directory for a file ledger, in memory where the
+// system has one (/dev/shm): the ledger's code runs all the same, and its
+// flushes cost nothing; a kill -9 loses nothing a flush would have kept.
+func memDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("/dev/shm", "onejob-sim-")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // TestExactlyOnce runs every schedule on every store that runs in the
@@ -85,7 +97,7 @@ func TestExactlyOnce(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			for _, seed := range seeds {
 				var w *world
-				synctest.Test(t, func(t *testing.T) { w = run(t, s, seed) })
+				synctest.Test(t, func(t *testing.T) { w = run(t, s.open(t), nil, seed) })
 				v := w.check()
 				if *traceFlag || len(v) > 0 {
 					t.Logf("seed %d trace:\n%s", seed, strings.Join(w.trace, "\n"))
@@ -100,12 +112,18 @@ func TestExactlyOnce(t *testing.T) {
 	}
 }
 
-// run plays the schedule of seed on a new store, inside the bubble: the
-// clients run to their end, then the links heal and the world settles.
-func run(t *testing.T, s store, seed int64) *world {
+// run plays the schedule of seed on store, inside the bubble: the clients
+// run to their end, then the links heal and the world settles. When
+// mutate is set, the gateways see the store through it (a deliberately
+// broken transition, to show the checker catches what it breaks).
+func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Ledger, seed int64) *world {
 	w := &world{seed: seed, effects: map[string][]string{}, received: map[string]bool{}, jobIntent: map[string]string{}}
-	w.store = s.open(t)
+	w.store = store
 	defer w.store.Close()
+	seen := store
+	if mutate != nil {
+		seen = mutate(store)
+	}
 	primary, fallback := &provider{w: w, name: "primary"}, &provider{w: w, name: "fallback"}
 	failoverOn, err := proxy.ParseFailoverOn([]string{"connect_error", "503"})
 	if err != nil {
@@ -113,7 +131,7 @@ func run(t *testing.T, s store, seed int64) *world {
 	}
 	mws := make([]*proxy.Middleware, gateways)
 	for g := range mws {
-		l := &link{Ledger: w.store, w: w, name: "gw" + strconv.Itoa(g), calls: map[string]int{}}
+		l := &link{Ledger: seen, w: w, name: "gw" + strconv.Itoa(g), calls: map[string]int{}}
 		mw, err := proxy.New(proxy.Config{
 			Ledger:          l,
 			Scope:           "site",
@@ -158,7 +176,7 @@ func (w *world) readJobs() {
 	for id := range jobs {
 		j, err := w.store.Job(context.Background(), id)
 		if err != nil {
-			w.violation("job %s, which a client or provider saw, cannot be read: %v", id, err)
+			w.violation("world: job %s, which a client or provider saw, cannot be read: %v", id, err)
 			continue
 		}
 		w.final = append(w.final, j)
@@ -178,7 +196,7 @@ func (w *world) check() []string {
 	// At most one side effect per intent.
 	for intent, acts := range w.effects {
 		if len(acts) > 1 {
-			v = append(v, fmt.Sprintf("intent %s acted %d times: %v", intent, len(acts), acts))
+			v = append(v, fmt.Sprintf("once: intent %s acted %d times: %v", intent, len(acts), acts))
 		}
 	}
 
@@ -188,16 +206,16 @@ func (w *world) check() []string {
 		}
 		var s sent
 		if err := json.Unmarshal(a.body, &s); err != nil {
-			v = append(v, fmt.Sprintf("request %s: answer %d %q is not a provider's", a.request, a.status, a.body))
+			v = append(v, fmt.Sprintf("owner: request %s: answer %d %q is not a provider's", a.request, a.status, a.body))
 			continue
 		}
 		// No answer crosses owners or intents.
 		if s.Intent != a.intent || !strings.HasPrefix(a.intent, s.Owner+"/") {
-			v = append(v, fmt.Sprintf("request %s of %s got the answer of %s (owner %s)", a.request, a.intent, s.Intent, s.Owner))
+			v = append(v, fmt.Sprintf("owner: request %s of %s got the answer of %s (owner %s)", a.request, a.intent, s.Intent, s.Owner))
 		}
 		// Replayed exactly when the request did not produce the answer.
 		if mine := s.Request == a.request; a.replayed == mine {
-			v = append(v, fmt.Sprintf("request %s: Idempotent-Replayed %v on an answer produced by %s", a.request, a.replayed, s.Request))
+			v = append(v, fmt.Sprintf("replayed: request %s: Idempotent-Replayed %v on an answer produced by %s", a.request, a.replayed, s.Request))
 		}
 		// Every answer of a completed job is its stored answer, byte for
 		// byte; a replay comes only from a completed job. (The request
@@ -207,13 +225,13 @@ func (w *world) check() []string {
 		j := byID[a.job]
 		switch {
 		case j == nil:
-			v = append(v, fmt.Sprintf("request %s: answered for job %q, which does not exist", a.request, a.job))
+			v = append(v, fmt.Sprintf("stored: request %s: answered for job %q, which does not exist", a.request, a.job))
 		case j.State != ledger.JobCompleted || j.Response == nil:
 			if a.replayed {
-				v = append(v, fmt.Sprintf("request %s got a replay, but job %s is %s", a.request, j.ID, j.State))
+				v = append(v, fmt.Sprintf("stored: request %s got a replay, but job %s is %s", a.request, j.ID, j.State))
 			}
 		case !bytes.Equal(j.Response.Body, a.body) || j.Response.Status != a.status:
-			v = append(v, fmt.Sprintf("request %s: answer %d %s, stored %d %s", a.request, a.status, a.body, j.Response.Status, j.Response.Body))
+			v = append(v, fmt.Sprintf("stored: request %s: answer %d %s, stored %d %s", a.request, a.status, a.body, j.Response.Status, j.Response.Body))
 		}
 	}
 
@@ -223,12 +241,12 @@ func (w *world) check() []string {
 			ref := j.ID + "/" + strconv.Itoa(a.Number)
 			// An attempt never sent ends failed once the link is back.
 			if !w.received[ref] && (a.State == ledger.AttemptUnknown || a.State == ledger.AttemptStarting) {
-				v = append(v, fmt.Sprintf("attempt %s was never sent but is %s", ref, a.State))
+				v = append(v, fmt.Sprintf("unsent: attempt %s was never sent but is %s", ref, a.State))
 			}
 		}
 		// No job fails while a provider acted for it.
 		if j.State == ledger.JobFailed && acted {
-			v = append(v, fmt.Sprintf("job %s is failed, but a provider acted for it: %v", j.ID, w.effects[w.jobIntent[j.ID]]))
+			v = append(v, fmt.Sprintf("acted: job %s is failed, but a provider acted for it: %v", j.ID, w.effects[w.jobIntent[j.ID]]))
 		}
 	}
 	return v

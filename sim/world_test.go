@@ -307,12 +307,12 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 func (p *provider) checkLease(job string, n int) {
 	j, err := p.w.store.Job(context.Background(), job)
 	if err != nil {
-		p.w.violation("attempt %s/%d arrived at %s but its job cannot be read: %v", job, n, p.name, err)
+		p.w.violation("world: attempt %s/%d arrived at %s but its job cannot be read: %v", job, n, p.name, err)
 		return
 	}
 	for _, a := range j.Attempts {
 		if a.Number == n && !time.Now().Before(a.Deadline) {
-			p.w.violation("attempt %s/%d arrived at %s %v after its lease ran out", job, n, p.name, time.Since(a.Deadline))
+			p.w.violation("lease: attempt %s/%d arrived at %s %v after its lease ran out", job, n, p.name, time.Since(a.Deadline))
 		}
 	}
 }
@@ -331,11 +331,16 @@ func (w *world) violation(format string, args ...any) {
 func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 	defer wg.Done()
 	owner := []string{"alice", "bob"}[w.draw("owner", i)%2]
-	key := fmt.Sprintf("key-%d", w.draw("key", i)%4) // the same key for two owners, now and then
+	k := w.draw("key", i) % 4
+	key := fmt.Sprintf("key-%d", k) // the same key for two owners, now and then
 	intent := owner + "/" + key
-	// Two intents of one owner with one key are one intent to the gateway,
-	// with two bodies: the second is a mismatch, not a second charge.
-	body := fmt.Sprintf(`{"amount":%d}`, 100+i)
+	// Most bodies are the key's, the same for both owners (so a mix-up of
+	// owners would show); the others are the client's own, and a second
+	// client of one owner and key is then a mismatch, not a second charge.
+	body := fmt.Sprintf(`{"amount":%d}`, 100+k)
+	if w.draw("body", i)%3 == 0 {
+		body = fmt.Sprintf(`{"amount":%d}`, 1000+i)
+	}
 	start := time.Duration(w.draw("start", i)%2000) * time.Millisecond
 	time.Sleep(start)
 	var dup sync.WaitGroup
@@ -349,7 +354,7 @@ func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 			r.Header.Set("X-Sim-Request", req)
 			rec := httptest.NewRecorder()
 			if err := mws[g].ServeHTTP(rec, r, noNext); err != nil {
-				w.violation("request %s: the middleware returned %v", req, err)
+				w.violation("world: request %s: the middleware returned %v", req, err)
 			}
 			a := answer{intent: intent, request: req, status: rec.Code, job: rec.Header().Get(proxy.HeaderJobID),
 				replayed: rec.Header().Get(proxy.HeaderReplayed) == "true", body: rec.Body.Bytes()}
