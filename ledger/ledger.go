@@ -70,10 +70,10 @@ type Ledger interface {
 
 	// Unsent records that the gateway never sent attempt ref (the ledger
 	// stopped answering before the request was forwarded): the attempt
-	// becomes failed, even after its lease made it unknown, as long as
-	// nothing else touched the job (its version is the one the attempt
-	// read, no result won, no later attempt started); the job becomes failed
-	// when nothing else blocks it. ErrStale when something else touched it.
+	// becomes failed, even after its lease made it unknown, whatever
+	// happened to the job since (a re-send may have completed it); the job
+	// becomes failed when nothing else settled or blocks it. ErrStale when
+	// the attempt is settled otherwise, or a gateway said it was unknown.
 	Unsent(ctx context.Context, ref AttemptRef) error
 
 	// MarkUnknown records that the attempt's outcome is unknown. The job

@@ -117,14 +117,27 @@ func TestExactlyOnce(t *testing.T) {
 // mutate is set, the gateways see the store through it (a deliberately
 // broken transition, to show the checker catches what it breaks).
 func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Ledger, seed int64) *world {
-	w := &world{seed: seed, effects: map[string][]string{}, received: map[string]bool{}, jobIntent: map[string]string{}}
+	w := &world{seed: seed, effects: map[string][]string{}, received: map[string]bool{}, sentBy: map[string]string{},
+		jobIntent: map[string]string{}}
 	w.store = store
 	defer w.store.Close()
 	seen := store
 	if mutate != nil {
 		seen = mutate(store)
 	}
-	primary, fallback := &provider{w: w, name: "primary"}, &provider{w: w, name: "fallback"}
+	// The route of a schedule: plain, hedged (providers without side
+	// effects), or with a primary that deduplicates by the job id.
+	primary := &provider{w: w, name: "primary", done: map[string][]byte{}, running: map[string]bool{}}
+	fallback := &provider{w: w, name: "fallback"}
+	var hedgeAfter time.Duration
+	dedup := ""
+	switch w.draw("route") % 3 {
+	case 1:
+		w.hedged, hedgeAfter = true, 300*time.Millisecond
+	case 2:
+		primary.dedup, dedup = true, proxy.DefaultKeyHeader
+	}
+	w.logf("route: hedge after %v, primary deduplicates by %q", hedgeAfter, dedup)
 	failoverOn, err := proxy.ParseFailoverOn([]string{"connect_error", "503"})
 	if err != nil {
 		t.Fatal(err)
@@ -133,9 +146,11 @@ func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Le
 	for g := range mws {
 		l := &link{Ledger: seen, w: w, name: "gw" + strconv.Itoa(g), calls: map[string]int{}}
 		mw, err := proxy.New(proxy.Config{
-			Ledger:          l,
-			Scope:           "site",
-			Providers:       []proxy.Provider{{Name: primary.name, Handler: primary}, {Name: fallback.name, Handler: fallback}},
+			Ledger: l,
+			Scope:  "site",
+			Providers: []proxy.Provider{{Name: primary.name, Handler: primary, Deduplicates: dedup},
+				{Name: fallback.name, Handler: fallback}},
+			HedgeAfter:      hedgeAfter,
 			FailoverOn:      failoverOn,
 			AttemptTimeout:  attemptTimeout,
 			AttemptDeadline: attemptDeadline,
@@ -193,9 +208,10 @@ func (w *world) check() []string {
 		byID[j.ID] = j
 	}
 
-	// At most one side effect per intent.
+	// At most one side effect per intent (a hedged route's providers have
+	// none: both may act).
 	for intent, acts := range w.effects {
-		if len(acts) > 1 {
+		if len(acts) > 1 && !w.hedged {
 			v = append(v, fmt.Sprintf("once: intent %s acted %d times: %v", intent, len(acts), acts))
 		}
 	}
@@ -213,9 +229,22 @@ func (w *world) check() []string {
 		if s.Intent != a.intent || !strings.HasPrefix(a.intent, s.Owner+"/") {
 			v = append(v, fmt.Sprintf("owner: request %s of %s got the answer of %s (owner %s)", a.request, a.intent, s.Intent, s.Owner))
 		}
-		// Replayed exactly when the request did not produce the answer.
-		if mine := s.Request == a.request; a.replayed == mine {
-			v = append(v, fmt.Sprintf("replayed: request %s: Idempotent-Replayed %v on an answer produced by %s", a.request, a.replayed, s.Request))
+		// Replayed exactly when the request did not produce the answer:
+		// the provider answered the request's own attempt (s.Request), or
+		// the request's attempt completed the job (a provider that
+		// deduplicates answers a re-send with what it did for an earlier
+		// request, whose own answer the ledger may not have taken).
+		completer := ""
+		if j := byID[a.job]; j != nil && j.State == ledger.JobCompleted {
+			for _, at := range j.Attempts {
+				if at.ID == j.CompletedBy {
+					completer = w.sentBy[a.job+"/"+strconv.Itoa(at.Number)]
+				}
+			}
+		}
+		if mine := s.Request == a.request || completer == a.request; a.replayed == mine {
+			v = append(v, fmt.Sprintf("replayed: request %s: Idempotent-Replayed %v on an answer the provider gave %s (the job completed by %q)",
+				a.request, a.replayed, s.Request, completer))
 		}
 		// Every answer of a completed job is its stored answer, byte for
 		// byte; a replay comes only from a completed job. (The request
@@ -245,7 +274,7 @@ func (w *world) check() []string {
 			}
 		}
 		// No job fails while a provider acted for it.
-		if j.State == ledger.JobFailed && acted {
+		if j.State == ledger.JobFailed && acted && !w.hedged {
 			v = append(v, fmt.Sprintf("acted: job %s is failed, but a provider acted for it: %v", j.ID, w.effects[w.jobIntent[j.ID]]))
 		}
 	}

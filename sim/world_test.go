@@ -43,6 +43,8 @@ type world struct {
 	trace     []string
 	effects   map[string][]string // intent: the attempts that acted ("job/number")
 	received  map[string]bool     // "job/number": a provider received the attempt
+	sentBy    map[string]string   // "job/number": the client request that carried it
+	hedged    bool                // the route hedges: its providers have no side effects
 	answers   []answer            // every client's answer
 	lateSends []string            // attempts received past their lease
 	jobIntent map[string]string   // job id: intent
@@ -216,6 +218,13 @@ func (l *link) Close() error { return nil }
 type provider struct {
 	w    *world
 	name string
+	// dedup: the provider honours the job id the gateway sends (in
+	// Idempotency-Key) as its own key: it acts once per job, answers a
+	// job whose work runs 409, and a job done with the answer it stored.
+	dedup   bool
+	mu      sync.Mutex
+	done    map[string][]byte
+	running map[string]bool
 }
 
 // sent is the body a provider answers with: who asked, for what, which
@@ -237,17 +246,48 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	attempt := job + "/" + strconv.Itoa(n)
 	w.mu.Lock()
 	w.received[attempt] = true
+	w.sentBy[attempt] = r.Header.Get("X-Sim-Request")
 	w.jobIntent[job] = intent
 	w.mu.Unlock()
 	p.checkLease(job, n)
+	if p.dedup {
+		p.mu.Lock()
+		body, done := p.done[job]
+		running := p.running[job]
+		if !done && !running {
+			p.running[job] = true
+		}
+		p.mu.Unlock()
+		switch {
+		case done:
+			w.logf("%s %s: already done, answers as it did", p.name, attempt)
+			rw.WriteHeader(http.StatusCreated)
+			_, err := rw.Write(body)
+			return err
+		case running:
+			w.logf("%s %s: still running (409)", p.name, attempt)
+			rw.WriteHeader(http.StatusConflict)
+			return nil
+		}
+		defer func() {
+			p.mu.Lock()
+			delete(p.running, job)
+			p.mu.Unlock()
+		}()
+	}
 
+	body, _ := json.Marshal(sent{Intent: intent, Owner: r.Header.Get("Authorization"), Request: r.Header.Get("X-Sim-Request"),
+		Job: job, Attempt: n, Provider: p.name})
 	act := func() {
 		w.mu.Lock()
 		w.effects[intent] = append(w.effects[intent], attempt+" at "+p.name)
 		w.mu.Unlock()
+		if p.dedup {
+			p.mu.Lock()
+			p.done[job] = body
+			p.mu.Unlock()
+		}
 	}
-	body, _ := json.Marshal(sent{Intent: intent, Owner: r.Header.Get("Authorization"), Request: r.Header.Get("X-Sim-Request"),
-		Job: job, Attempt: n, Provider: p.name})
 	wait := func(d time.Duration) bool {
 		t := time.NewTimer(d)
 		defer t.Stop()

@@ -1215,8 +1215,10 @@ func testUnsentAfterLease(t *testing.T, h Harness) {
 	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptFailed)
 }
 
-// testUnsentTouched: once something else touched the job, an unknown
-// attempt stays unknown.
+// testUnsentTouched: an attempt a gateway said was unknown, or that won,
+// is not the never-sent attempt; one whose lease alone made it unknown
+// is, whatever happened to the job since: a re-send that completed the job
+// leaves the job completed, and the never-sent attempt failed.
 func testUnsentTouched(t *testing.T, h Harness) {
 	l := h.New(t)
 	r := reserve(t, l, params(long), ledger.Created)
@@ -1232,6 +1234,22 @@ func testUnsentTouched(t *testing.T, h Harness) {
 	complete(t, l, q.Attempt, "done", true)
 	if err := l.Unsent(ctx(t), q.Attempt.Ref()); !errors.Is(err, ledger.ErrStale) {
 		t.Errorf("Unsent of the winner: err = %v, want ErrStale", err)
+	}
+
+	u := reserve(t, l, params(short), ledger.Created)
+	eventually(t, "the lease runs out", func() bool { return job(t, l, u.Job.ID).State == ledger.JobUnknown })
+	rs, err := l.Resend(ctx(t), u.Attempt.Ref(), next("primary", long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	complete(t, l, &rs, "deduplicated", true)
+	if err := l.Unsent(ctx(t), u.Attempt.Ref()); err != nil {
+		t.Fatalf("Unsent of a never-sent attempt a re-send reconciled: %v", err)
+	}
+	j := job(t, l, u.Job.ID)
+	wantState(t, j, ledger.JobCompleted, ledger.AttemptFailed, ledger.AttemptSucceeded)
+	if a := attempt(t, j, 1); a.Error != ledger.ReasonUnsent {
+		t.Errorf("the never-sent attempt's error is %q, want %q", a.Error, ledger.ReasonUnsent)
 	}
 }
 

@@ -420,11 +420,10 @@ BEGIN
 END $$;
 
 -- unsent records that the gateway never sent an attempt: it becomes failed
--- (with p_reason), even after its lease made it unknown, as long as nothing
--- else touched the job (the lease was all that changed it, the job is at
--- the attempt's version with no result, and no later attempt started); the
--- job becomes failed when nothing else blocks it. A repeat, or an attempt
--- failed otherwise, is 'ok'.
+-- (with p_reason), even after its lease made it unknown (the lease, not a
+-- gateway, made it so), whatever happened to the job since; the job
+-- becomes failed when nothing else settled or blocks it (fsm.Unsent). A
+-- repeat, or an attempt failed otherwise, is 'ok'.
 CREATE FUNCTION {{fn}}.unsent(p_job uuid, p_attempt uuid, p_reason text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -445,8 +444,7 @@ BEGIN
 	ELSIF a.state = 'failed' THEN
 		RETURN 'ok';
 	ELSIF a.state = 'unknown' THEN
-		IF a.error IS DISTINCT FROM 'lease expired' OR j.version <> a.job_version
-			OR j.completed_by IS NOT NULL OR a.number <> j.attempt_count THEN
+		IF a.error IS DISTINCT FROM 'lease expired' THEN
 			RETURN 'stale';
 		END IF;
 	ELSIF a.state <> 'starting' THEN

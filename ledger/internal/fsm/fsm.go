@@ -286,7 +286,7 @@ func afterFailure(j *ledger.Job, a *ledger.Attempt, next *ledger.NextAttempt, no
 }
 
 // Unsent records that attempt ref was never sent: it becomes failed, even
-// after its lease made it unknown, as long as nothing else touched the job.
+// after its lease made it unknown, whatever happened to the job since.
 func Unsent(j *ledger.Job, ref ledger.AttemptRef, now time.Time) error {
 	ApplyLeases(j, now)
 	a := find(j, ref.AttemptID)
@@ -298,9 +298,11 @@ func Unsent(j *ledger.Job, ref ledger.AttemptRef, now time.Time) error {
 		return nil // a repeat, or a failure recorded otherwise: either way not sent
 	case ledger.AttemptStarting:
 	case ledger.AttemptUnknown:
-		untouched := a.Error == ledger.ReasonLeaseExpired && j.Version == a.JobVersion &&
-			j.CompletedBy == "" && a.Number == len(j.Attempts)
-		if !untouched {
+		// Only its lease made it unknown: no gateway said it was sent.
+		// Whatever happened to the job since (a re-send that completed
+		// it), the attempt itself never left; the job's state follows
+		// the usual rules (afterFailure).
+		if a.Error != ledger.ReasonLeaseExpired {
 			return ledger.ErrStale
 		}
 	default:

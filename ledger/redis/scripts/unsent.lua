@@ -1,9 +1,7 @@
 -- unsent records that an attempt was never sent: it becomes failed, even
--- after its lease made it unknown, as long as nothing else touched the job
--- (its lease ran out untouched, the job's version is the one the attempt
--- read, no result won, no later attempt started); the job becomes failed
--- when nothing else blocks it. An attempt already failed is a repeat
--- (fsm.Unsent).
+-- after its lease made it unknown (but not once a gateway said it was
+-- unknown); the job becomes failed when nothing else settled or blocks it.
+-- An attempt already failed is a repeat (fsm.Unsent).
 --
 -- KEYS: job, attempts, leases, expiry
 -- ARGV: bucket prefix, attempt id, reason (ledger.ReasonUnsent)
@@ -21,8 +19,7 @@ if not a then
 	reply = 'not_found'
 elseif a.s == 'failed' then
 	reply = 'ok' -- a repeat, or a failure recorded otherwise: either way not sent
-elseif a.s == 'starting' or (a.s == 'unknown' and a.e == LEASE_EXPIRED and
-		J.ver == tonumber(a.v) and J.by == '' and a.n == J.n) then
+elseif a.s == 'starting' or (a.s == 'unknown' and a.e == LEASE_EXPIRED) then
 	finish(J, a, 'failed', ARGV[3], now)
 	after_failure(J, A, a, nil, now)
 else
