@@ -279,8 +279,9 @@ type Reservation struct {
 type Completion struct {
 	// Won is true when this attempt took the result slot.
 	Won bool
-	// Job is the job after the CAS: on a loss, it holds the winner's answer
-	// if there is one.
+	// Job is the job after the CAS, ReadAt set to the ledger's clock at
+	// this call (a repeat's reader counts the time the job has left from
+	// it): on a loss, it holds the winner's answer if there is one.
 	Job *Job
 }
 

@@ -510,6 +510,31 @@ func TestExpiryByLedgerClocks(t *testing.T) {
 	}
 }
 
+// TestRepeatedCompletionCachedByLedgerClock: a completion ran in the
+// truth but its reply was lost, and the gateway repeats it 30 s later: the
+// reply is cached for the time the job has left by the truth's clock at
+// the repeat, never for a whole retention counted from the repeat (it
+// would replay an expired job's answer to a new intent).
+func TestRepeatedCompletionCachedByLedgerClock(t *testing.T) {
+	m := miniredis.RunT(t)
+	clk := &clock{t: time.Now()}
+	truth := memory.New(memory.WithClock(clk.now))
+	l := open(t, truth, m.Addr(), Options{})
+	l.now = clk.now
+	p := params()
+	p.Retention = time.Minute
+	r := mustReserve(t, l, p, ledger.Created)
+	if c, err := truth.Complete(testCtx(t), r.Attempt.Ref(), answer("done")); err != nil || !c.Won {
+		t.Fatalf("the completion whose reply is lost: %v, %v", c.Won, err)
+	}
+	clk.add(30 * time.Second)
+	m.FastForward(30 * time.Second)
+	mustComplete(t, l, r, "done") // the repeat
+	if ttl := m.TTL(l.replyKey(p.OwnerHash, p.KeyHash)); ttl <= 0 || ttl > 30*time.Second {
+		t.Errorf("the reply is cached for %v; the job has 30s left", ttl)
+	}
+}
+
 func TestStreamCachedOnceStored(t *testing.T) {
 	m := miniredis.RunT(t)
 	truth := &counting{Ledger: partial{memory.New()}}

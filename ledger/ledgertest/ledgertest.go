@@ -176,6 +176,11 @@ func complete(t *testing.T, l ledger.Ledger, a *ledger.Attempt, body string, wan
 	if c.Job == nil {
 		t.Fatalf("Complete returned no job")
 	}
+	// Read at the ledger's clock, so that a repeat's reader counts the
+	// time the job has left from the repeat.
+	if c.Job.ReadAt.IsZero() || (!c.Job.CompletedAt.IsZero() && c.Job.ReadAt.Before(c.Job.CompletedAt)) {
+		t.Errorf("Complete(attempt %d): job read at %v, completed at %v", a.Number, c.Job.ReadAt, c.Job.CompletedAt)
+	}
 	return c
 }
 

@@ -265,7 +265,7 @@ CREATE FUNCTION {{fn}}.complete(
 	OUT outcome text, OUT job_state text, OUT job_version bigint, OUT completed_by uuid,
 	OUT completed_at timestamptz, OUT expires_at timestamptz,
 	OUT response_status integer, OUT response_header bytea, OUT response_body bytea,
-	OUT response_size bigint, OUT response_stored boolean)
+	OUT response_size bigint, OUT response_stored boolean, OUT read_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
@@ -311,6 +311,7 @@ BEGIN
 		response_body := j.response_body; response_size := j.response_size;
 		response_stored := j.response_stored;
 	END IF;
+	read_at := clock_timestamp(); -- the job as this call left it, by the ledger's clock
 END $$;
 
 -- blocked reports whether the locked job j takes no new attempt once

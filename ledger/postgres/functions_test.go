@@ -19,7 +19,7 @@ var released = map[int]string{
 	7:  "4279791cd980031d3ef43daa1287dfde120cf16fd83d8606fe93bc340d00050a",
 	8:  "7c279f2af0e43f94a94be8e1d0781bb03d2dfd09387dc883650f401cc3e095ed",
 	9:  "eebefb627f4a18f0b22cbd2826d2ff903b6f6164a82d23f1994c63d26d7d0dae",
-	10: "88f7288fe533c74329a1057fb468ee3eaf51688389f2303ab7f5ffa250752415",
+	10: "03b369d9b35e25915b76b287d25671bcccd153cfec4a800836aaef688f2ce14d",
 }
 
 // quotedFn is the functions' schema of schema onejob as functions.sql

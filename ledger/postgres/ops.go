@@ -267,8 +267,9 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 		completedBy            pgtype.Text
 		completedAt, expiresAt pgtype.Timestamptz
 		cols                   responseCols
+		readAt                 pgtype.Timestamptz
 	)
-	dest := append([]any{&outcome, &state, &version, &completedBy, &completedAt, &expiresAt}, cols.dest()...)
+	dest := append(append([]any{&outcome, &state, &version, &completedBy, &completedAt, &expiresAt}, cols.dest()...), &readAt)
 	err = l.completeAnnouncing(ctx, ref.JobID,
 		[]any{ref.JobID, ref.AttemptID, ref.Version, resp.Status, header, body, resp.Size, resp.Stored}, dest)
 	if err != nil {
@@ -287,6 +288,7 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 		CompletedBy: stringOf(completedBy),
 		CompletedAt: timeOf(completedAt),
 		ExpiresAt:   timeOf(expiresAt),
+		ReadAt:      timeOf(readAt),
 	}
 	if j.Response, err = cols.response(); err != nil {
 		return ledger.Completion{}, err

@@ -232,6 +232,7 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 	if err != nil {
 		return ledger.Completion{}, err
 	}
+	j.ReadAt = nowOf(a, 1) // the job as this call left it, by the ledger's clock
 	won := outcome == "won"
 	if fields, _ := array(a[2]); won && len(fields) <= len(jobFields) && j.Response != nil && j.Response.Stored {
 		// The script does not send the body back when it just took the

@@ -191,8 +191,15 @@ func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now ti
 	if a == nil {
 		return ledger.Completion{}, ledger.ErrNotFound
 	}
+	// The job as this call left it, read at now: a repeat's reader counts
+	// the time the job has left from the repeat, not from its completion.
+	answer := func(won bool) (ledger.Completion, error) {
+		c := j.Clone()
+		c.ReadAt = now
+		return ledger.Completion{Won: won, Job: c}, nil
+	}
 	if j.CompletedBy == a.ID {
-		return ledger.Completion{Won: true, Job: j.Clone()}, nil
+		return answer(true)
 	}
 	live := a.State == ledger.AttemptStarting || a.State == ledger.AttemptUnknown
 	if j.Version == ref.Version && j.CompletedBy == "" && live && now.Before(a.Deadline) {
@@ -201,7 +208,7 @@ func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now ti
 		j.Response = resp.Clone()
 		settle(j, ledger.JobCompleted, now)
 		finish(a, ledger.AttemptSucceeded, "", now)
-		return ledger.Completion{Won: true, Job: j.Clone()}, nil
+		return answer(true)
 	}
 	switch a.State {
 	case ledger.AttemptCancelled, ledger.AttemptLost:
@@ -213,7 +220,7 @@ func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now ti
 		finish(a, ledger.AttemptLost, reason, now)
 	}
 	ApplyLeases(j, now) // an unbeaten lost result leaves the job unknown
-	return ledger.Completion{Won: false, Job: j.Clone()}, nil
+	return answer(false)
 }
 
 // SaveBody stores the body of the answer attempt ref already won with.
