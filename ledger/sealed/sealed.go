@@ -88,6 +88,10 @@ func (l *Ledger) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.
 }
 
 // Complete offers the sealed answer and opens the one the job holds after.
+// The compare-and-swap's outcome stands even when the winner's answer does
+// not open here (sealed with a key this keyring lacks): the job is then
+// returned without its answer, so a loser learns that another answer won,
+// never an error that would let it pass its own answer off as the job's.
 func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
 	s, err := l.keys.SealResponse(ref.JobID, &resp)
 	if err != nil {
@@ -97,9 +101,12 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 	if err != nil {
 		return c, err
 	}
-	if c.Job, err = l.open(c.Job); err != nil {
-		return ledger.Completion{}, err
+	opened, err := l.open(c.Job)
+	if err != nil {
+		opened = c.Job.Clone()
+		opened.Response = nil
 	}
+	c.Job = opened
 	return c, nil
 }
 

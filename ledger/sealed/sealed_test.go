@@ -2,11 +2,13 @@ package sealed_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/ledgertest"
@@ -125,5 +127,36 @@ func TestSealOpen(t *testing.T) {
 	e, _ := k.SealResponse("job-1", &ledger.Response{Status: 204})
 	if sealed.Sealed(e) || e.Body != nil || e.Header != nil {
 		t.Errorf("an empty answer sealed: %+v", e)
+	}
+}
+
+// A compare-and-swap lost to an answer sealed with a key this instance
+// lacks is still lost: the loser learns that another answer won, without
+// it (it cannot open it), never an error that would let it pass its own
+// answer off as the job's.
+func TestLostToAnswerItCannotOpen(t *testing.T) {
+	shared := memory.New()
+	a := sealed.New(shared, keyring(t, key(t, "a")))
+	b := sealed.New(shared, keyring(t, key(t, "b")))
+	ctx := context.Background()
+	p := ledger.ReserveParams{JobID: ledger.NewID(), OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"),
+		FingerprintVersion: 1, Retention: time.Hour, Attempt: ledger.NewAttempt("primary", time.Minute)}
+	r, err := a.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hedge, err := a.Hedge(ctx, r.Attempt.Ref(), ledger.NewAttempt("fallback", time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := func(body string) ledger.Response {
+		return ledger.Response{Status: 201, Body: []byte(body), Size: int64(len(body)), Stored: true}
+	}
+	if c, err := a.Complete(ctx, r.Attempt.Ref(), answer("a's")); err != nil || !c.Won {
+		t.Fatalf("a: won %v, %v", c.Won, err)
+	}
+	c, err := b.Complete(ctx, hedge.Ref(), answer("b's"))
+	if err != nil || c.Won || c.Job == nil || c.Job.CompletedBy != r.Attempt.ID || c.Job.Response != nil {
+		t.Fatalf("b, which cannot open a's answer: %+v, %v; want lost to %s, without the answer", c, err, r.Attempt.ID)
 	}
 }
