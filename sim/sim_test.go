@@ -118,7 +118,7 @@ func TestExactlyOnce(t *testing.T) {
 // broken transition, to show the checker catches what it breaks).
 func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Ledger, seed int64) *world {
 	w := &world{seed: seed, effects: map[string][]string{}, received: map[string]bool{}, sentBy: map[string]string{},
-		jobIntent: map[string]string{}}
+		jobIntent: map[string]string{}, cancelled: map[string]bool{}}
 	w.store = store
 	defer w.store.Close()
 	seen := store
@@ -166,7 +166,11 @@ func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Le
 		wg.Add(1)
 		go w.client(i, mws, &wg)
 	}
+	clientsDone, operatorDone := make(chan struct{}), make(chan struct{})
+	go func() { w.operator(clientsDone); close(operatorDone) }()
 	wg.Wait()
+	close(clientsDone)
+	<-operatorDone
 	w.mu.Lock()
 	w.healed = true
 	w.mu.Unlock()
@@ -210,8 +214,12 @@ func (w *world) check() []string {
 
 	// At most one side effect per intent (a hedged route's providers have
 	// none: both may act).
+	decided := map[string]bool{} // intents whose job an operator cancelled
+	for job := range w.cancelled {
+		decided[w.jobIntent[job]] = true
+	}
 	for intent, acts := range w.effects {
-		if len(acts) > 1 && !w.hedged {
+		if len(acts) > 1 && !w.hedged && !decided[intent] {
 			v = append(v, fmt.Sprintf("once: intent %s acted %d times: %v", intent, len(acts), acts))
 		}
 	}
@@ -274,7 +282,7 @@ func (w *world) check() []string {
 			}
 		}
 		// No job fails while a provider acted for it.
-		if j.State == ledger.JobFailed && acted && !w.hedged {
+		if j.State == ledger.JobFailed && acted && !w.hedged && !w.cancelled[j.ID] {
 			v = append(v, fmt.Sprintf("acted: job %s is failed, but a provider acted for it: %v", j.ID, w.effects[w.jobIntent[j.ID]]))
 		}
 	}

@@ -49,6 +49,7 @@ type world struct {
 	lateSends []string            // attempts received past their lease
 	jobIntent map[string]string   // job id: intent
 	final     []*ledger.Job       // every job, as the world ended
+	cancelled map[string]bool     // jobs an operator cancelled: what they decided stands
 }
 
 // answer is what one client request got.
@@ -364,6 +365,33 @@ func (w *world) violation(format string, args ...any) {
 	w.mu.Unlock()
 }
 
+// --- the operator -----------------------------------------------------------
+
+// operator looks at the jobs now and then while the clients run, and
+// cancels an unknown one, as the admin API's resolve does.
+func (w *world) operator(done <-chan struct{}) {
+	for round := 0; ; round++ {
+		t := time.NewTimer(time.Duration(500+w.draw("operator", round)%4000) * time.Millisecond)
+		select {
+		case <-done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		page, err := w.store.Jobs(context.Background(), ledger.JobQuery{State: ledger.JobUnknown})
+		if err != nil || len(page.Jobs) == 0 || w.draw("cancel", round)%3 != 0 {
+			continue
+		}
+		j := page.Jobs[w.draw("which", round)%uint64(len(page.Jobs))]
+		if _, err := w.store.Resolve(context.Background(), j.ID, ledger.Resolution{Cancel: true}); err == nil {
+			w.mu.Lock()
+			w.cancelled[j.ID] = true
+			w.mu.Unlock()
+			w.logf("operator cancels job %s", j.ID)
+		}
+	}
+}
+
 // --- the clients ------------------------------------------------------------
 
 // client sends the requests of one intent until one is answered with the
@@ -392,6 +420,9 @@ func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 			r.Header.Set("Authorization", owner)
 			r.Header.Set("X-Sim-Intent", intent)
 			r.Header.Set("X-Sim-Request", req)
+			if x := w.draw("prefer", req) % 8; x < 2 { // Prefer: wait=0 or wait=3
+				r.Header.Set("Prefer", fmt.Sprintf("wait=%d", 3*x))
+			}
 			rec := httptest.NewRecorder()
 			if err := mws[g].ServeHTTP(rec, r, noNext); err != nil {
 				w.violation("world: request %s: the middleware returned %v", req, err)
