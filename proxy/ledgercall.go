@@ -90,10 +90,15 @@ const (
 
 // unsentWork is one never-sent attempt: a reservation whose answer did not
 // come (its repeat tells the job and whether the attempt exists), or an
-// attempt whose id is known.
+// attempt whose id is known; or, with failed set, an attempt that was sent
+// and failed definitively (failed is the reason), whose failure the ledger
+// did not take: it is recorded failed while the ledger still allows it
+// (until its deadline), so that an outage does not turn a known failure
+// into an unknown for an operator.
 type unsentWork struct {
 	reserve *ledger.ReserveParams
 	ref     ledger.AttemptRef
+	failed  string
 	since   time.Time
 }
 
@@ -180,15 +185,22 @@ func (m *Middleware) recordOne(w unsentWork) bool {
 		}
 		ref = res.Attempt.Ref()
 	}
-	_, err := ledgerCall(m, ctx, "unsent", func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, m.cfg.Ledger.Unsent(ctx, ref)
-	})
+	var err error
+	if w.failed != "" {
+		_, err = ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
+			return m.cfg.Ledger.Fail(ctx, ref, w.failed, nil)
+		})
+	} else {
+		_, err = ledgerCall(m, ctx, "unsent", func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, m.cfg.Ledger.Unsent(ctx, ref)
+		})
+	}
 	switch {
 	case err == nil:
-		m.cfg.Logger.Info("never-sent attempt recorded failed", zap.String("job_id", ref.JobID),
-			zap.String("attempt_id", ref.AttemptID))
+		m.cfg.Logger.Info("attempt recorded failed once the ledger answered", zap.String("job_id", ref.JobID),
+			zap.String("attempt_id", ref.AttemptID), zap.Bool("sent", w.failed != ""))
 	case errors.Is(err, ledger.ErrStale):
-		m.cfg.Logger.Warn("never-sent attempt left as it is: the job changed meanwhile",
+		m.cfg.Logger.Warn("failed attempt left as it is: the job changed meanwhile, or its deadline passed",
 			zap.String("job_id", ref.JobID), zap.String("attempt_id", ref.AttemptID))
 	case !answered(err):
 		return false

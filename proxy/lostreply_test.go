@@ -247,6 +247,40 @@ func TestConnectErrorNotRecordedIsRecordedUnsent(t *testing.T) {
 	}
 }
 
+// The provider refuses (503, before acting), and the ledger goes down
+// before the failure is recorded: once the ledger answers again, within
+// the attempt's deadline, the failure is recorded, not left for the lease
+// to make unknown; the retry runs the job.
+func TestFailureNotRecordedIsRecordedLater(t *testing.T) {
+	l := newLossy()
+	h := newHarness(t, Config{Ledger: l, AttemptDeadline: time.Minute}, func(w http.ResponseWriter, r *http.Request, n int) error {
+		if n == 1 {
+			l.setDown(true)
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return nil
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, err := w.Write([]byte("charged"))
+		return err
+	})
+	if first := h.do(post("k", `{}`)); first.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	h.waitRun()
+	l.setDown(false)
+	deadline := time.Now().Add(patience)
+	for onlyJob(t, h.l).State != ledger.JobFailed {
+		if time.Now().After(deadline) {
+			t.Fatalf("the failure was not recorded: job %s [%s]", onlyJob(t, h.l).State, attemptsOf(onlyJob(t, h.l)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if a := onlyJob(t, h.l).Attempts[0]; a.Error != "503" {
+		t.Errorf("the failed attempt's error is %q", a.Error)
+	}
+	wantAnswer(t, h.do(post("k", `{}`)), http.StatusCreated, "charged")
+}
+
 // On a hedged route, a result that came after its attempt's deadline was
 // discarded although its provider acted: when the other attempt then fails
 // definitively, the job is unknown, not failed, and a retry runs nothing.

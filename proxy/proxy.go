@@ -649,8 +649,8 @@ func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.
 
 // fail records a definitive failure of att and starts next, if set. When
 // the ledger does not answer, next may exist there but is never sent, and
-// att, when its request never left (a connect error), was never sent
-// either: each is recorded so once the ledger answers, att first.
+// att failed all the same (never sent, when its request never left: a
+// connect error): each is recorded so once the ledger answers, att first.
 func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
 	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
@@ -662,6 +662,8 @@ func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAt
 		if !answered(err) {
 			if reason == fallback.ReasonConnect {
 				m.unsent(unsentWork{ref: att.Ref()})
+			} else {
+				m.unsent(unsentWork{ref: att.Ref(), failed: reason})
 			}
 			if next != nil {
 				m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: att.JobID, AttemptID: next.ID}})
