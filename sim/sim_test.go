@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,20 +96,34 @@ func TestExactlyOnce(t *testing.T) {
 	seeds := schedules(t)
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {
-			for _, seed := range seeds {
-				var w *world
-				synctest.Test(t, func(t *testing.T) { w = run(t, s.open(t), nil, seed) })
-				v := w.check()
-				if *traceFlag || len(v) > 0 {
-					t.Logf("seed %d trace:\n%s", seed, strings.Join(w.trace, "\n"))
-				}
-				if len(v) > 0 {
-					t.Fatalf("seed %d broke %d invariants:\n  %s\nreplay: go test ./sim -run 'TestExactlyOnce/%s' -sim.seed=%d -sim.trace",
-						seed, len(v), strings.Join(v, "\n  "), s.name, seed)
-				}
+			// One share of the seeds per processor, each in its own
+			// bubbles: the schedules are independent.
+			shares := min(runtime.GOMAXPROCS(0), len(seeds))
+			for i := range shares {
+				t.Run(strconv.Itoa(i), func(t *testing.T) {
+					t.Parallel()
+					for j := i; j < len(seeds); j += shares {
+						explore(t, s, seeds[j])
+					}
+				})
 			}
-			t.Logf("%d schedules, no violation", len(seeds))
 		})
+		t.Logf("%s: %d schedules", s.name, len(seeds))
+	}
+}
+
+// explore runs the schedule of seed on a new store s and fails t with the
+// command that replays it if it breaks an invariant.
+func explore(t *testing.T, s store, seed int64) {
+	var w *world
+	synctest.Test(t, func(t *testing.T) { w = run(t, s.open(t), nil, seed) })
+	v := w.check()
+	if *traceFlag || len(v) > 0 {
+		t.Logf("seed %d trace:\n%s", seed, strings.Join(w.trace, "\n"))
+	}
+	if len(v) > 0 {
+		t.Fatalf("seed %d broke %d invariants:\n  %s\nreplay: go test ./sim -run 'TestExactlyOnce/%s' -sim.seed=%d -sim.trace",
+			seed, len(v), strings.Join(v, "\n  "), s.name, seed)
 	}
 }
 
