@@ -61,7 +61,7 @@ go vet -tags integration ./...
 # The unit tests run with the integration tag: the same tests, and the
 # ledgers' own against the real servers, in one pass.
 stage "unit tests and the ledgers on PostgreSQL and Redis (go test -race -tags integration, every package but ./integration)"
-gotest "unit" 15m -tags integration $(go list -tags integration ./... | grep -v '/integration$')
+gotest "unit" 20m -tags integration $(go list -tags integration ./... | grep -v '/integration$')
 
 # The integration package, in shards by area (shards.txt), each its own
 # go test; every test file of the package is in one shard.
