@@ -91,6 +91,20 @@ func (l *lossyLedger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
 	return l.do("unsent", func() error { return l.Ledger.Unsent(ctx, ref) })
 }
 
+// waitJobFailed waits until the one job l holds is failed, as a never-sent
+// or failed attempt is recorded once the ledger answers again; what names
+// what must be recorded.
+func waitJobFailed(t *testing.T, l ledger.Ledger, what string) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for onlyJob(t, l).State != ledger.JobFailed {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not recorded: job %s [%s]", what, onlyJob(t, l).State, attemptsOf(onlyJob(t, l)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // onlyJob returns the one job the ledger holds.
 func onlyJob(t *testing.T, l ledger.Ledger) *ledger.Job {
 	t.Helper()
@@ -194,13 +208,7 @@ func TestReserveReplyLostThenDownIsRecordedUnsent(t *testing.T) {
 	}
 	wantJob(t, onlyJob(t, h.l), ledger.JobPending, "next/starting")
 	l.setDown(false)
-	deadline := time.Now().Add(patience)
-	for onlyJob(t, h.l).State != ledger.JobFailed {
-		if time.Now().After(deadline) {
-			t.Fatalf("the never-sent attempt was not recorded: job %s", attemptsOf(onlyJob(t, h.l)))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitJobFailed(t, h.l, "the never-sent attempt")
 	j := onlyJob(t, h.l)
 	wantJob(t, j, ledger.JobFailed, "next/failed")
 	if j.Attempts[0].Error != ledger.ReasonUnsent {
@@ -234,13 +242,7 @@ func TestConnectErrorNotRecordedIsRecordedUnsent(t *testing.T) {
 	}
 	h.waitRun()
 	l.setDown(false)
-	deadline := time.Now().Add(patience)
-	for onlyJob(t, h.l).State != ledger.JobFailed {
-		if time.Now().After(deadline) {
-			t.Fatalf("the never-sent attempt was not recorded: job %s [%s]", onlyJob(t, h.l).State, attemptsOf(onlyJob(t, h.l)))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitJobFailed(t, h.l, "the never-sent attempt")
 	wantAnswer(t, h.do(post("k", `{}`)), http.StatusCreated, "charged")
 	if h.up.calls() != 2 {
 		t.Errorf("upstream called %d times", h.up.calls())
@@ -268,13 +270,7 @@ func TestFailureNotRecordedIsRecordedLater(t *testing.T) {
 	}
 	h.waitRun()
 	l.setDown(false)
-	deadline := time.Now().Add(patience)
-	for onlyJob(t, h.l).State != ledger.JobFailed {
-		if time.Now().After(deadline) {
-			t.Fatalf("the failure was not recorded: job %s [%s]", onlyJob(t, h.l).State, attemptsOf(onlyJob(t, h.l)))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitJobFailed(t, h.l, "the failure")
 	if a := onlyJob(t, h.l).Attempts[0]; a.Error != "503" {
 		t.Errorf("the failed attempt's error is %q", a.Error)
 	}

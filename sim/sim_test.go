@@ -221,7 +221,7 @@ func (w *world) readJobs() {
 // check tests the invariants of docs/reliability.md on what the schedule
 // left, and returns each violation.
 func (w *world) check() []string {
-	v := slices.Clone(w.lateSends) // no attempt arrives after its lease
+	v := slices.Clone(w.noted) // seen while the world ran: no attempt arrives after its lease
 	byID := map[string]*ledger.Job{}
 	for _, j := range w.final {
 		byID[j.ID] = j

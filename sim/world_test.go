@@ -46,7 +46,7 @@ type world struct {
 	sentBy    map[string]string   // "job/number": the client request that carried it
 	hedged    bool                // the route hedges: its providers have no side effects
 	answers   []answer            // every client's answer
-	lateSends []string            // attempts received past their lease
+	noted     []string            // violations seen while the world ran (lease:, world:)
 	jobIntent map[string]string   // job id: intent
 	final     []*ledger.Job       // every job, as the world ended
 	cancelled map[string]bool     // jobs an operator cancelled: what they decided stands
@@ -361,7 +361,7 @@ func (p *provider) checkLease(job string, n int) {
 func (w *world) violation(format string, args ...any) {
 	w.logf("VIOLATION: "+format, args...)
 	w.mu.Lock()
-	w.lateSends = append(w.lateSends, fmt.Sprintf(format, args...))
+	w.noted = append(w.noted, fmt.Sprintf(format, args...))
 	w.mu.Unlock()
 }
 
