@@ -302,9 +302,12 @@ func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) erro
 }
 
 func (l *Ledger) apply(jobID string, fn func(j *ledger.Job, now time.Time) error) (outcome error, change uint64, err error) {
-	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Read under the lock: transitions happen in the clock's order, so a
+	// repeat's time (Completion.Job.ReadAt) is never before the state it
+	// returns.
+	now := l.now()
 	e := l.byID.get(&l.slab, jobID)
 	if e == nil || e.expired(now) {
 		return ledger.ErrNotFound, 0, nil
