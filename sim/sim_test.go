@@ -133,7 +133,7 @@ func explore(t *testing.T, s store, seed int64) {
 // broken transition, to show the checker catches what it breaks).
 func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Ledger, seed int64) *world {
 	w := &world{seed: seed, effects: map[string][]string{}, received: map[string]bool{}, sentBy: map[string]string{},
-		jobIntent: map[string]string{}, cancelled: map[string]bool{}}
+		gave: map[string][][]byte{}, jobIntent: map[string]string{}, cancelled: map[string]bool{}}
 	w.store = store
 	defer w.store.Close()
 	seen := store
@@ -252,11 +252,12 @@ func (w *world) check() []string {
 		if s.Intent != a.intent || !strings.HasPrefix(a.intent, s.Owner+"/") {
 			v = append(v, fmt.Sprintf("owner: request %s of %s got the answer of %s (owner %s)", a.request, a.intent, s.Intent, s.Owner))
 		}
-		// Replayed exactly when the request did not produce the answer:
-		// the provider answered the request's own attempt (s.Request), or
-		// the request's attempt completed the job (a provider that
-		// deduplicates answers a re-send with what it did for an earlier
-		// request, whose own answer the ledger may not have taken).
+		// Replayed exactly when the request did not produce the answer: a
+		// relayed answer (not replayed) is one a provider gave an attempt
+		// the request carried (a provider that deduplicates answers a
+		// re-send with what it did for an earlier request), and a request
+		// whose own attempt completed the job is never told its answer is
+		// a replay.
 		completer := ""
 		if j := byID[a.job]; j != nil && j.State == ledger.JobCompleted {
 			for _, at := range j.Attempts {
@@ -265,9 +266,13 @@ func (w *world) check() []string {
 				}
 			}
 		}
-		if mine := s.Request == a.request || completer == a.request; a.replayed == mine {
-			v = append(v, fmt.Sprintf("replayed: request %s: Idempotent-Replayed %v on an answer the provider gave %s (the job completed by %q)",
-				a.request, a.replayed, s.Request, completer))
+		own := slices.ContainsFunc(w.gave[a.request], func(b []byte) bool { return bytes.Equal(b, a.body) })
+		switch {
+		case !a.replayed && !own:
+			v = append(v, fmt.Sprintf("replayed: request %s: Idempotent-Replayed false on an answer no attempt of its got (the provider gave it %s)",
+				a.request, s.Request))
+		case a.replayed && completer == a.request:
+			v = append(v, fmt.Sprintf("replayed: request %s: Idempotent-Replayed true on the answer its own attempt completed the job with", a.request))
 		}
 		// Every answer of a completed job is its stored answer, byte for
 		// byte; a replay comes only from a completed job. (The request

@@ -44,6 +44,7 @@ type world struct {
 	effects   map[string][]string // intent: the attempts that acted ("job/number")
 	received  map[string]bool     // "job/number": a provider received the attempt
 	sentBy    map[string]string   // "job/number": the client request that carried it
+	gave      map[string][][]byte // client request: the answers providers gave its attempts
 	hedged    bool                // the route hedges: its providers have no side effects
 	answers   []answer            // every client's answer
 	noted     []string            // violations seen while the world ran (lease:, world:)
@@ -239,6 +240,18 @@ type sent struct {
 	Provider string `json:"provider"`
 }
 
+// answer sends body with 201 to the attempt r carries, and notes it as an
+// answer the attempt's client request may relay as its own.
+func (p *provider) answer(rw http.ResponseWriter, r *http.Request, body []byte) error {
+	req := r.Header.Get("X-Sim-Request")
+	p.w.mu.Lock()
+	p.w.gave[req] = append(p.w.gave[req], body)
+	p.w.mu.Unlock()
+	rw.WriteHeader(http.StatusCreated)
+	_, err := rw.Write(body)
+	return err
+}
+
 func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	w := p.w
 	job := r.Header.Get(proxy.HeaderJobID)
@@ -262,9 +275,7 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 		switch {
 		case done:
 			w.logf("%s %s: already done, answers as it did", p.name, attempt)
-			rw.WriteHeader(http.StatusCreated)
-			_, err := rw.Write(body)
-			return err
+			return p.answer(rw, r, body)
 		case running:
 			w.logf("%s %s: still running (409)", p.name, attempt)
 			rw.WriteHeader(http.StatusConflict)
@@ -310,9 +321,7 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 			return r.Context().Err()
 		}
 		rw.Header().Set("Content-Type", "application/json")
-		rw.WriteHeader(http.StatusCreated)
-		_, err := rw.Write(body)
-		return err
+		return p.answer(rw, r, body)
 	case x < 60: // refuses before acting
 		w.logf("%s %s: refuses (503)", p.name, attempt)
 		rw.WriteHeader(http.StatusServiceUnavailable)
@@ -331,9 +340,7 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 		if !wait(2 * attemptDeadline) {
 			return r.Context().Err()
 		}
-		rw.WriteHeader(http.StatusCreated)
-		_, err := rw.Write(body)
-		return err
+		return p.answer(rw, r, body)
 	}
 	// The dial fails: the request never reached the provider.
 	w.mu.Lock()
