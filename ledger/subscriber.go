@@ -2,7 +2,9 @@ package ledger
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 )
@@ -23,8 +25,9 @@ type Subscriber struct {
 	session Session
 	lost    func(error) // called when a session ends before Close; may be nil
 
-	waiters Waiters     // ready while a session is confirmed
-	reads   sharedReads // the reads of Wait
+	waiters  Waiters     // ready while a session is confirmed
+	reads    sharedReads // the reads of Wait
+	watchers []Watcher   // set before the subscription starts
 
 	mu      sync.Mutex
 	started bool
@@ -48,6 +51,68 @@ var ErrClosed = errors.New("ledger: closed")
 func NewSubscriber(session Session, lost func(error)) *Subscriber {
 	ctx, stop := context.WithCancel(context.Background())
 	return &Subscriber{session: session, lost: lost, ctx: ctx, stop: stop, done: make(chan struct{})}
+}
+
+// A Watcher keeps copies of jobs outside the ledger (near.Cache), which a
+// purge must reach on every instance: a Subscriber tells it each purge
+// the subscription carries (PurgeNotice), and whether the subscription is
+// up, since purges published while it is down are never heard.
+type Watcher interface {
+	// Live is called with true when a session is confirmed and with false
+	// when it ends.
+	Live(up bool)
+	// ForgetOwner is called with the owner of each purge heard.
+	ForgetOwner(ownerHash []byte)
+}
+
+// purgePrefix starts a PurgeNotice; job ids never start with it.
+const purgePrefix = "purge:"
+
+// PurgeNotice is the notification a purge of the owner ownerHash
+// publishes on the channel of the ledger's job ids, once the jobs are
+// gone: "purge:" and the owner's hash in hex.
+func PurgeNotice(ownerHash []byte) string { return purgePrefix + hex.EncodeToString(ownerHash) }
+
+// purgedOwner returns the owner of a PurgeNotice.
+func purgedOwner(payload string) ([]byte, bool) {
+	h, ok := strings.CutPrefix(payload, purgePrefix)
+	if !ok {
+		return nil, false
+	}
+	owner, err := hex.DecodeString(h)
+	return owner, err == nil
+}
+
+// Watch adds w to hear the purges and the state of the subscription; it
+// must be called before the subscription starts (Start, or the first
+// waiter). A purge is heard only while the subscription runs: call Start
+// before relying on it.
+func (s *Subscriber) Watch(w Watcher) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.watchers = append(s.watchers, w)
+}
+
+// Start starts the subscription if it has not started, waiter or not.
+func (s *Subscriber) Start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started && s.ctx.Err() == nil {
+		s.started = true
+		go s.run()
+	}
+}
+
+// notice hands a payload to the watchers if it is a PurgeNotice, else to
+// the waiters of the job it names.
+func (s *Subscriber) notice(payload string) {
+	if owner, ok := purgedOwner(payload); ok {
+		for _, w := range s.watchers {
+			w.ForgetOwner(owner)
+		}
+		return
+	}
+	s.waiters.Wake(payload)
 }
 
 // Register adds a waiter for jobID, starting the subscription if needed.
@@ -105,15 +170,25 @@ func (s *Subscriber) run() {
 		confirmed := false
 		err := s.session(s.ctx, func() {
 			confirmed = true
+			// The watchers first: a waiter told the subscription is
+			// up may count on them.
+			for _, w := range s.watchers {
+				w.Live(true)
+			}
 			s.mu.Lock()
 			s.down = false
 			s.waiters.SetReady()
 			s.mu.Unlock()
-		}, s.waiters.Wake)
+		}, s.notice)
 		s.mu.Lock()
 		s.down = true
 		s.waiters.SetNotReady()
 		s.mu.Unlock()
+		if confirmed {
+			for _, w := range s.watchers {
+				w.Live(false)
+			}
+		}
 		if s.ctx.Err() != nil {
 			return
 		}

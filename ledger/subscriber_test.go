@@ -69,3 +69,62 @@ func TestSubscriberReconnects(t *testing.T) {
 		t.Errorf("Subscribe after Close: %v", err)
 	}
 }
+
+// watchLog records what a Watcher hears.
+type watchLog chan string
+
+func (w watchLog) Live(up bool)                 { w <- map[bool]string{true: "up", false: "down"}[up] }
+func (w watchLog) ForgetOwner(ownerHash []byte) { w <- "purge " + string(ownerHash) }
+
+// A purge notice reaches the watchers, never a waiter; a job id reaches
+// its waiters; the watchers hear when the subscription is up and when it
+// ends; Start runs the subscription with no waiter.
+func TestSubscriberTellsWatchers(t *testing.T) {
+	notes := make(chan string)
+	s := NewSubscriber(func(ctx context.Context, ready func(), wake func(string)) error {
+		ready()
+		for {
+			select {
+			case id := <-notes:
+				if id == "" {
+					return errors.New("connection reset")
+				}
+				wake(id)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}, nil)
+	defer s.Close()
+	heard := make(watchLog, 8)
+	s.Watch(heard)
+	s.Start()
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case got := <-heard:
+			if got != want {
+				t.Fatalf("the watcher heard %q, want %q", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the watcher heard nothing, want %q", want)
+		}
+	}
+	expect("up")
+
+	ch, cancel, _, _, err := s.Register(PurgeNotice([]byte("alice"))[len(purgePrefix):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel()
+	notes <- PurgeNotice([]byte("alice"))
+	expect("purge alice")
+	select {
+	case <-ch:
+		t.Fatal("a purge notice woke a waiter")
+	default:
+	}
+	notes <- "" // the session ends
+	expect("down")
+	expect("up")
+}

@@ -159,7 +159,8 @@ type Ledger struct {
 }
 
 // New returns a Ledger that answers from truth and caches in rdb. It
-// starts nothing until the first Wait or write.
+// starts nothing until the first call: the first Reserve starts its
+// subscription, which the in-process tier follows.
 func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
@@ -204,7 +205,12 @@ func New(truth ledger.Ledger, rdb *redis.Client, opts Options) *Ledger {
 		closeTruth:  opts.CloseTruth,
 		closeClient: opts.CloseClient,
 	}
-	l.writer = newWriter(rdb, l.Channel(), opts.Timeout, func() time.Time { return l.now() }, log)
+	l.writer = newWriter(rdb, l.Channel(), opts.Timeout, func() time.Time { return l.now() }, l.near.Keeps, l.forgetReplies, log)
+	// Every instance forgets a purged owner's replies: those in this
+	// process (near), and those its writer may have put back in Redis
+	// after the instance that purged deleted them (purgeHeard).
+	l.near.Follow(l.bus.sub)
+	l.bus.sub.Watch(purgeHeard{l.writer})
 	return l
 }
 
@@ -242,7 +248,8 @@ func (l *Ledger) Channel() string { return l.prefix + "done" }
 // one, else from the truth. A reservation answered from a reply carries
 // the local clock as Now, and no attempts.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
-	if r, ok := l.lookup(ctx, &p); ok {
+	gen := l.near.Gen()
+	if r, ok := l.lookup(ctx, &p, gen); ok {
 		return r, nil
 	}
 	r, err := l.truth.Reserve(ctx, p)
@@ -256,7 +263,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 			// fingerprint matched.
 			j := *r.Job
 			p.Identify(&j)
-			l.write(update{set: &j, left: j.ExpiresAt.Sub(r.Now)})
+			l.write(update{set: &j, left: j.ExpiresAt.Sub(r.Now), gen: gen})
 		}
 	case ledger.Created, ledger.Reopened:
 		if r.Attempt != nil {
@@ -266,8 +273,9 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	return r, nil
 }
 
-// lookup answers p from the cache, if a reply passes every check.
-func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Reservation, bool) {
+// lookup answers p from the cache, if a reply passes every check; gen is
+// the near tier's generation before the call.
+func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams, gen uint64) (ledger.Reservation, bool) {
 	key := l.replyKey(p.OwnerHash, p.KeyHash)
 	if j := l.near.Get(key, l.now()); j != nil {
 		return near.Answer(j, p, l.now())
@@ -298,7 +306,7 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams) (ledger.Re
 		return ledger.Reservation{}, false // no time to live: not one the cache wrote
 	}
 	now := l.now()
-	l.near.Put(key, j, now.Add(left))
+	l.near.Put(key, j, now.Add(left), gen)
 	return near.Answer(j, p, now)
 }
 
@@ -313,6 +321,7 @@ func (l *Ledger) trusted(j *ledger.Job, p *ledger.ReserveParams) bool {
 type update struct {
 	set     *ledger.Job   // cache this job's reply (if near.Replayable)
 	left    time.Duration // the time set has left by the truth's clock
+	gen     uint64        // the near tier's generation before set was read: a purge heard since drops it
 	del     *ledger.Job   // drop the reply of this job's owner and key
 	publish string        // publish this job id
 }
@@ -320,12 +329,12 @@ type update struct {
 // write applies u: at once to the tier in this process, in the background
 // to Redis (writer), whose errors are logged, never returned.
 func (l *Ledger) write(u update) {
-	o := op{publish: u.publish, queued: l.now()}
+	o := op{publish: u.publish, queued: l.now(), gen: u.gen}
 	if j := u.set; j != nil && near.Replayable(j) && len(j.OwnerHash) > 0 && len(j.KeyHash) > 0 {
 		if ttl := u.left - l.margin; ttl >= time.Millisecond && len(j.Response.Body) <= l.maxSize {
 			if v := encode(j, l.mac); len(v) <= l.maxSize {
 				o.key, o.value, o.ttl = l.replyKey(j.OwnerHash, j.KeyHash), v, ttl
-				l.near.Put(o.key, j, o.queued.Add(ttl))
+				l.near.Put(o.key, j, o.queued.Add(ttl), u.gen)
 			}
 		}
 	}
@@ -371,11 +380,12 @@ func (l *Ledger) identified(ctx context.Context, jobID string, j *ledger.Job) (*
 // Complete implements ledger.Ledger. A winning answer that is stored is
 // cached; the job's id is published either way.
 func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
+	gen := l.near.Gen()
 	c, err := l.truth.Complete(ctx, ref, resp)
 	if err != nil {
 		return c, err
 	}
-	u := update{publish: ref.JobID}
+	u := update{publish: ref.JobID, gen: gen}
 	if c.Won && near.Replayable(c.Job) {
 		if j, ok := l.identified(ctx, ref.JobID, c.Job); ok {
 			u.set, u.left = j, timeLeft(c.Job)
@@ -391,10 +401,11 @@ func (l *Ledger) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledge
 // SaveBody implements ledger.Ledger. It reads the job back from the truth
 // and caches its reply if the body was stored, or drops any reply if not.
 func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
+	gen := l.near.Gen()
 	if err := l.truth.SaveBody(ctx, ref, body, size, stored); err != nil {
 		return err
 	}
-	u := update{publish: ref.JobID}
+	u := update{publish: ref.JobID, gen: gen}
 	j, err := l.truth.Job(ctx, ref.JobID)
 	switch {
 	case err != nil:
@@ -442,18 +453,20 @@ func (l *Ledger) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
 // Resolve implements ledger.Ledger: it publishes the job's id, and caches
 // the operator's answer when it completed the job.
 func (l *Ledger) Resolve(ctx context.Context, jobID string, r ledger.Resolution) (*ledger.Job, error) {
+	gen := l.near.Gen()
 	j, err := l.truth.Resolve(ctx, jobID, r)
 	if err != nil {
 		return j, err
 	}
-	l.settled(ctx, jobID, j)
+	l.settled(ctx, jobID, j, gen)
 	return j, nil
 }
 
 // settled publishes the id of job j, settled out of the request path (by
-// an operator or a lookup), and caches its answer when it completed.
-func (l *Ledger) settled(ctx context.Context, jobID string, j *ledger.Job) {
-	u := update{publish: jobID}
+// an operator or a lookup), and caches its answer when it completed; gen
+// is the near tier's generation before j was read.
+func (l *Ledger) settled(ctx context.Context, jobID string, j *ledger.Job, gen uint64) {
+	u := update{publish: jobID, gen: gen}
 	if near.Replayable(j) {
 		if full, ok := l.identified(ctx, jobID, j); ok {
 			u.set, u.left = full, timeLeft(j)
@@ -470,11 +483,12 @@ func (l *Ledger) ClaimLookup(ctx context.Context, ref ledger.AttemptRef, holder 
 // SettleLookup implements ledger.Ledger: it publishes the job's id, and
 // caches the answer the lookup found when it completed the job.
 func (l *Ledger) SettleLookup(ctx context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
+	gen := l.near.Gen()
 	j, err := l.truth.SettleLookup(ctx, ref, holder, r)
 	if err != nil {
 		return j, err
 	}
-	l.settled(ctx, ref.JobID, j)
+	l.settled(ctx, ref.JobID, j, gen)
 	return j, nil
 }
 

@@ -298,6 +298,8 @@ func TestReplayRoundTripsLocal(t *testing.T) {
 	l := New(truth, rdb, Options{Prefix: prefix})
 	t.Cleanup(func() { l.Close() })
 	peer := openCache(t, openPostgres(t, schema, nil), Options{Prefix: prefix})
+	ledgertest.KeepsReplays(t, l.near)
+	ledgertest.KeepsReplays(t, peer.near)
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}

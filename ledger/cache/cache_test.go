@@ -39,7 +39,17 @@ func client(t *testing.T, addr string) *redis.Client {
 }
 
 // open wraps truth with a cache on the Redis at addr, closed with the test.
+// open returns a cache over truth whose notifications are up: it keeps
+// answers only while it can hear purges.
 func open(t *testing.T, truth ledger.Ledger, addr string, opts Options) *Ledger {
+	t.Helper()
+	l := openDown(t, truth, addr, opts)
+	ledgertest.KeepsReplays(t, l.near)
+	return l
+}
+
+// openDown returns a cache over truth whose Redis at addr may be gone.
+func openDown(t *testing.T, truth ledger.Ledger, addr string, opts Options) *Ledger {
 	t.Helper()
 	l := New(truth, client(t, addr), opts)
 	t.Cleanup(func() { l.Close() })
@@ -70,6 +80,10 @@ func ticking(t *testing.T, m *miniredis.Miniredis) {
 }
 
 func conformance(t *testing.T, opts Options, redisDown bool) {
+	open := open
+	if redisDown {
+		open = openDown
+	}
 	ledgertest.Run(t, ledgertest.Harness{
 		New: func(t *testing.T) ledger.Ledger {
 			m := miniredis.RunT(t)
@@ -205,18 +219,6 @@ func wantAnswer(t *testing.T, r ledger.Reservation, jobID, body string) {
 	if r.Job.ID != jobID || got == nil || got.Status != want.Status || string(got.Body) != body || !got.Stored ||
 		got.Size != want.Size || fmt.Sprint(got.Header) != fmt.Sprint(want.Header) {
 		t.Fatalf("replay of job %s = %+v, want job %s with %+v", r.Job.ID, got, jobID, want)
-	}
-}
-
-// eventually polls cond until it holds or 10s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -611,7 +613,7 @@ func waitFor(t *testing.T, l ledger.Ledger, id string) <-chan *ledger.Job {
 // subscribed waits until n connections listen on the cache's channel.
 func subscribed(t *testing.T, m *miniredis.Miniredis, l *Ledger, n int) {
 	t.Helper()
-	eventually(t, "the waiter is subscribed", func() bool { return m.PubSubNumSub(l.Channel())[l.Channel()] >= n })
+	ledgertest.Eventually(t, "the waiter is subscribed", func() bool { return m.PubSubNumSub(l.Channel())[l.Channel()] >= n })
 }
 
 // TestWaiterWokenByPublication: the truth's Wait never wakes, so only the
@@ -720,7 +722,7 @@ func TestCloseOwnership(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the subscription ends", func() bool { return m.PubSubNumSub(l.Channel())[l.Channel()] == 0 })
+	ledgertest.Eventually(t, "the subscription ends", func() bool { return m.PubSubNumSub(l.Channel())[l.Channel()] == 0 })
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		t.Errorf("Close closed a client it does not own: %v", err)
 	}

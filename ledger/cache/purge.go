@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -11,9 +12,10 @@ import (
 
 // Purge implements ledger.Purger: the truth purges the owner's settled
 // jobs, then Forget drops the owner's replies, so that none of them is
-// replayed from the cache. Unlike the other calls, a Redis error fails it
-// (the truth's purge stands; a repeat finishes the work): a purge that
-// left answers in Redis would not be one.
+// replayed from the cache, and the purge's notice (ledger.PurgeNotice)
+// tells every instance to forget them too. Unlike the other calls, a
+// Redis error fails it (the truth's purge stands; a repeat finishes the
+// work): a purge that left answers in Redis would not be one.
 func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
 	p, ok := l.truth.(ledger.Purger)
 	if !ok {
@@ -26,18 +28,35 @@ func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats
 	if _, err := l.Forget(ctx, ownerHash); err != nil {
 		return st, err
 	}
+	if err := l.rdb.Publish(ctx, l.Channel(), ledger.PurgeNotice(ownerHash)).Err(); err != nil {
+		return st, fmt.Errorf("cache: purge notice: %w", err)
+	}
 	return st, nil
 }
 
-// Forget drops every reply of the owner ownerHash from Redis and from this
-// process, and returns how many Redis held, once this process's queued
-// writes are sent. It walks the owner's keys with
-// SCAN, so its cost grows with the cache's size.
+// Forget drops every reply of the owner ownerHash from this process and
+// from Redis, and returns how many Redis held, once this process's writes
+// queued before it are sent (none of them puts back a reply dropped). It
+// walks the owner's keys with SCAN, so its cost grows with the cache's
+// size.
 func (l *Ledger) Forget(ctx context.Context, ownerHash []byte) (int, error) {
-	// The writes queued before this call reach Redis first: none of them
-	// puts back a reply dropped below.
-	l.writer.flush()
 	l.near.ForgetOwner(ownerHash)
+	done := make(chan forgotten, 1)
+	l.writer.queue(op{forget: ownerHash, ctx: ctx, forgot: done})
+	select {
+	case f := <-done:
+		return f.n, f.err
+	case <-l.writer.stopped:
+		return 0, errors.New("cache: forget: the cache is closed")
+	case <-ctx.Done():
+		return 0, fmt.Errorf("cache: forget: %w", ctx.Err())
+	}
+}
+
+// forgetReplies deletes the owner's replies in Redis, on the writer's
+// loop (a forget op), and then from this process again: a reply read
+// while Redis was walked.
+func (l *Ledger) forgetReplies(ctx context.Context, ownerHash []byte) (int, error) {
 	match := globEscape(l.prefix+"reply:"+hex.EncodeToString(ownerHash)+":") + "*"
 	n := 0
 	iter := l.rdb.Scan(ctx, 0, match, 1000).Iterator()
@@ -64,7 +83,7 @@ func (l *Ledger) Forget(ctx context.Context, ownerHash []byte) (int, error) {
 	if err := flush(); err != nil {
 		return n, fmt.Errorf("cache: forget: %w", err)
 	}
-	l.near.ForgetOwner(ownerHash) // a reply read while Redis was walked
+	l.near.ForgetOwner(ownerHash)
 	return n, nil
 }
 

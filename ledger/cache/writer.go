@@ -24,11 +24,28 @@ type op struct {
 	key     string        // the reply to set, "" for none
 	value   []byte        // the reply
 	ttl     time.Duration // its time to live when queued
+	gen     uint64        // the near tier's generation before the reply was read: the set is dropped unless it keeps it
 	del     string        // the reply to drop, "" for none
 	publish string        // the job id to publish, "" for none
 	queued  time.Time     // by the cache's local clock
 	flushed chan struct{} // closed once every op queued before this one was sent
+
+	// forget drops every reply of this owner, once the ops queued before
+	// are sent; the result goes to forgot, if not nil, and ctx bounds it
+	// (nil: forgetTimeout).
+	forget []byte
+	ctx    context.Context
+	forgot chan<- forgotten
 }
+
+// forgotten is the result of a forget op.
+type forgotten struct {
+	n   int
+	err error
+}
+
+// forgetTimeout bounds the forget of a purge heard from another instance.
+const forgetTimeout = time.Minute
 
 // writer sends the cache's writes to Redis in the background, in the order
 // they were queued, as many at a time as are waiting (up to maxBatch) in
@@ -41,6 +58,8 @@ type writer struct {
 	rdb     *redis.Client
 	timeout time.Duration
 	now     func() time.Time
+	keeps   func(gen uint64) bool                                    // the near tier's Keeps
+	forget  func(ctx context.Context, ownerHash []byte) (int, error) // drops an owner's replies
 	log     *logThrottle
 	channel string
 
@@ -51,9 +70,10 @@ type writer struct {
 	closed  sync.Once
 }
 
-func newWriter(rdb *redis.Client, channel string, timeout time.Duration, now func() time.Time, log *logThrottle) *writer {
+func newWriter(rdb *redis.Client, channel string, timeout time.Duration, now func() time.Time, keeps func(uint64) bool,
+	forget func(context.Context, []byte) (int, error), log *logThrottle) *writer {
 	return &writer{
-		rdb: rdb, timeout: timeout, now: now, log: log, channel: channel,
+		rdb: rdb, timeout: timeout, now: now, keeps: keeps, forget: forget, log: log, channel: channel,
 		ops:     make(chan op, 4*maxBatch),
 		done:    make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -85,6 +105,31 @@ func (w *writer) flush() {
 	case <-w.stopped:
 	}
 }
+
+// forgetOwner runs the forget op o.
+func (w *writer) forgetOwner(o op) {
+	ctx := o.ctx
+	if ctx == nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.Background(), forgetTimeout)
+		defer cancel()
+	}
+	n, err := w.forget(ctx, o.forget)
+	if o.forgot != nil {
+		o.forgot <- forgotten{n, err}
+	} else if err != nil {
+		w.log.warn("redis cache: cannot drop the replies of a purged owner; they expire with their jobs", zap.Error(err))
+	}
+}
+
+// purgeHeard is the ledger.Watcher by which a writer hears of purges run
+// by other instances: their replies it may have put back in Redis after
+// the purge deleted them go too.
+type purgeHeard struct{ w *writer }
+
+func (purgeHeard) Live(bool) {}
+
+func (p purgeHeard) ForgetOwner(ownerHash []byte) { p.w.queue(op{forget: ownerHash}) }
 
 // close sends what is queued and stops the loop, if it was started.
 func (w *writer) close() {
@@ -130,15 +175,29 @@ func (w *writer) fill(batch []op) []op {
 	return batch
 }
 
-// send writes batch in one pipeline; Redis errors are logged, never
-// returned.
+// send writes batch in one pipeline, cut where an op forgets an owner;
+// Redis errors are logged, never returned. A reply the near tier would not
+// keep (read before a purge was heard, or while one could go unheard) is
+// not set: the purge may have deleted it already.
 func (w *writer) send(batch []op) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	pipe := w.rdb.Pipeline()
+	exec := func() {
+		if pipe.Len() > 0 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				w.log.warn("redis cache: write failed; replays and wake-ups fall back to the ledger", zap.Error(err))
+			}
+		}
+	}
 	now := w.now()
 	for _, o := range batch {
-		if o.key != "" {
+		if o.forget != nil {
+			exec()
+			w.forgetOwner(o)
+			continue
+		}
+		if o.key != "" && w.keeps(o.gen) {
 			if ttl := o.ttl - now.Sub(o.queued); ttl >= time.Millisecond {
 				pipe.Set(ctx, o.key, o.value, ttl)
 			}
@@ -150,11 +209,7 @@ func (w *writer) send(batch []op) {
 			pipe.Publish(ctx, w.channel, o.publish)
 		}
 	}
-	if pipe.Len() > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			w.log.warn("redis cache: write failed; replays and wake-ups fall back to the ledger", zap.Error(err))
-		}
-	}
+	exec()
 	for _, o := range batch {
 		if o.flushed != nil {
 			close(o.flushed)

@@ -9,6 +9,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onejob/onejob/ledger/ledgertest"
 	"github.com/onejob/onejob/ledger/memory"
 )
 
@@ -77,6 +78,7 @@ func gated(t *testing.T, m *miniredis.Miniredis, g *gate) *Ledger {
 	rdb.AddHook(g)
 	l := New(memory.New(), rdb, Options{Timeout: 10 * time.Second})
 	t.Cleanup(func() { l.Close() })
+	ledgertest.KeepsReplays(t, l.near) // else the writer sets no reply
 	return l
 }
 
@@ -98,12 +100,12 @@ func holding(t *testing.T) (*miniredis.Miniredis, *gate, *Ledger) {
 func TestWritesBatched(t *testing.T) {
 	m, g, l := holding(t)
 	queued := l.now()
-	l.writer.queue(op{key: "k", value: []byte("v1"), ttl: time.Hour, queued: queued})
+	l.writer.queue(op{key: "k", value: []byte("v1"), ttl: time.Hour, gen: l.near.Gen(), queued: queued})
 	for i := range 8 {
 		l.writer.queue(op{publish: "job" + string(rune('a'+i)), queued: queued})
 	}
 	l.writer.queue(op{del: "k", queued: queued})
-	l.writer.queue(op{key: "k", value: []byte("v2"), ttl: time.Hour, queued: queued.Add(-20 * time.Minute)})
+	l.writer.queue(op{key: "k", value: []byte("v2"), ttl: time.Hour, gen: l.near.Gen(), queued: queued.Add(-20 * time.Minute)})
 	close(g.open)
 	l.writer.flush()
 
@@ -124,8 +126,8 @@ func TestCloseSendsQueuedWrites(t *testing.T) {
 	m := miniredis.RunT(t)
 	g := newGate()
 	l := gated(t, m, g)
-	l.writer.queue(op{key: "a", value: []byte("1"), ttl: time.Hour, queued: l.now()})
-	l.writer.queue(op{key: "b", value: []byte("2"), ttl: time.Hour, queued: l.now()})
+	l.writer.queue(op{key: "a", value: []byte("1"), ttl: time.Hour, gen: l.near.Gen(), queued: l.now()})
+	l.writer.queue(op{key: "b", value: []byte("2"), ttl: time.Hour, gen: l.near.Gen(), queued: l.now()})
 	close(g.open)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
@@ -133,7 +135,7 @@ func TestCloseSendsQueuedWrites(t *testing.T) {
 	if !m.Exists("a") || !m.Exists("b") {
 		t.Errorf("keys after Close: %v; want a and b written", m.Keys())
 	}
-	l.writer.queue(op{key: "c", value: []byte("3"), ttl: time.Hour, queued: l.now()})
+	l.writer.queue(op{key: "c", value: []byte("3"), ttl: time.Hour, gen: l.near.Gen(), queued: l.now()})
 	l.writer.flush()
 	if m.Exists("c") {
 		t.Error("a write after Close reached Redis")
@@ -145,7 +147,7 @@ func TestBatchBytesBounded(t *testing.T) {
 	m, g, l := holding(t)
 	big := make([]byte, maxBatchBytes*6/10)
 	for _, k := range []string{"a", "b", "c"} {
-		l.writer.queue(op{key: k, value: big, ttl: time.Hour, queued: l.now()})
+		l.writer.queue(op{key: k, value: big, ttl: time.Hour, gen: l.near.Gen(), queued: l.now()})
 	}
 	close(g.open)
 	l.writer.flush()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/near"
 )
 
 // Harness opens the backend under test.
@@ -212,6 +213,22 @@ func wantState(t *testing.T, j *ledger.Job, js ledger.JobState, as ...ledger.Att
 
 // eventually polls cond until it holds or 10s pass: for deadlines judged by
 // the ledger's own clock, which a test cannot move.
+// KeepsReplays starts the notifications the in-process tier n follows
+// (near.Cache.Follow) and waits until it keeps jobs: a test that counts a
+// replay's round trips counts them from then.
+func KeepsReplays(t *testing.T, n *near.Cache) {
+	t.Helper()
+	n.Get("", time.Now())
+	eventually(t, "the replay tier's notifications are up", n.Up)
+}
+
+// Eventually polls cond for up to ten seconds and fails t if it never
+// holds.
+func Eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	eventually(t, what, cond)
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

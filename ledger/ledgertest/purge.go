@@ -31,6 +31,16 @@ func RunPurge(t *testing.T, h Harness) {
 	if r := reserve(t, l, pDone, ledger.Done); string(r.Job.Response.Body) != "private answer" {
 		t.Fatalf("replay %q", r.Job.Response.Body)
 	}
+	// Another instance replays one, once its notifications are up (its
+	// Wait returns then), so that it keeps the answer if it can.
+	peer := h.Peer(t, l)
+	pShared := mine(params(long))
+	shared := reserve(t, l, pShared, ledger.Created)
+	complete(t, l, shared.Attempt, "answer replayed elsewhere", true)
+	if _, err := peer.Wait(ctx(t), shared.Job.ID); err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, peer, pShared, ledger.Done)
 	pFailed := mine(params(long))
 	failed := reserve(t, l, pFailed, ledger.Created)
 	if _, err := l.Fail(ctx(t), failed.Attempt.Ref(), "503", nil); err != nil {
@@ -51,11 +61,10 @@ func RunPurge(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st != (ledger.PurgeStats{Removed: 2, Kept: 2}) {
-		t.Errorf("purge: %+v, want 2 removed and 2 kept", st)
+	if st != (ledger.PurgeStats{Removed: 3, Kept: 2}) {
+		t.Errorf("purge: %+v, want 3 removed and 2 kept", st)
 	}
-	peer := h.Peer(t, l)
-	for _, id := range []string{done.Job.ID, failed.Job.ID} {
+	for _, id := range []string{done.Job.ID, shared.Job.ID, failed.Job.ID} {
 		for _, x := range []ledger.Ledger{l, peer} {
 			if _, err := x.Job(ctx(t), id); !errors.Is(err, ledger.ErrNotFound) {
 				t.Errorf("purged job %s: err = %v, want ErrNotFound", id, err)
@@ -87,10 +96,19 @@ func RunPurge(t *testing.T, h Harness) {
 		t.Errorf("the purged job %s came back", r.Job.ID)
 	}
 	reserve(t, l, pFailed, ledger.Created)
+	// The other instance hears of the purge: it replays the purged answer
+	// no more, and the key is a new intent there too.
+	eventually(t, "the other instance forgets the purged answer", func() bool {
+		r, err := peer.Reserve(ctx(t), fresh(pShared))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Outcome == ledger.Created
+	})
 
 	// A repeat removes nothing more; the new jobs are pending.
-	if st, err := pl.Purge(ctx(t), owner); err != nil || st != (ledger.PurgeStats{Removed: 0, Kept: 4}) {
-		t.Errorf("repeated purge: %+v, %v; want 0 removed and 4 kept", st, err)
+	if st, err := pl.Purge(ctx(t), owner); err != nil || st != (ledger.PurgeStats{Removed: 0, Kept: 5}) {
+		t.Errorf("repeated purge: %+v, %v; want 0 removed and 5 kept", st, err)
 	}
 	if st, err := pl.Purge(ctx(t), randBytes(32)); err != nil || st != (ledger.PurgeStats{}) {
 		t.Errorf("purge of an owner with no job: %+v, %v", st, err)

@@ -261,7 +261,8 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 		l.store(e, j)
 		e.notify()
 	case r.Outcome == ledger.Done && e.job == nil:
-		l.replays.Put(strings.Clone(e.key()), j, j.ExpiresAt)
+		// Under the entry's lock: a removal (Forget) cannot come between.
+		l.replays.Put(strings.Clone(e.key()), j, j.ExpiresAt, l.replays.Gen())
 	}
 	return r, e.change, nil
 }

@@ -96,7 +96,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	if !validID(p.Attempt.ID) {
 		return ledger.Reservation{}, errInvalidID("attempt", p.Attempt.ID)
 	}
-	key, now := near.Key(p.OwnerHash, p.KeyHash), time.Now()
+	key, now, gen := near.Key(p.OwnerHash, p.KeyHash), time.Now(), l.replays.Gen()
 	if j := l.replays.Get(key, now); j != nil {
 		if r, ok := near.Answer(j, &p, now); ok {
 			return r, nil
@@ -106,7 +106,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	if err != nil {
 		return r, err
 	}
-	return l.replays.Remember(key, r, &p, near.Margin), nil
+	return l.replays.Remember(key, r, &p, near.Margin, gen), nil
 }
 
 // reserve runs the reservation in the ledger.

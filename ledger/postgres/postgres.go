@@ -99,6 +99,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 	lcfg.Tracer = nil
 	lcfg.RuntimeParams["application_name"] = "onejob-listener"
 	l.listen = newListener(lcfg, l.channel)
+	l.replays.Follow(l.listen)
 	return l, nil
 }
 

@@ -126,6 +126,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
+	ledgertest.KeepsReplays(t, l.replays)
 	ctx := context.Background()
 	// A listener of the ledger's channel, to see complete's announcement.
 	listener, err := pgx.Connect(ctx, dsn(t))

@@ -11,16 +11,21 @@ import (
 // ON DELETE CASCADE) and counts the ones it keeps, in one statement. The
 // DELETE takes each row's lock, so it waits for a transition under way and
 // then sees the job's state after it; the unique index (owner_hash,
-// key_hash) finds the owner's rows.
+// key_hash) finds the owner's rows. It notifies the channel $2 with the
+// purge's notice $3 (ledger.PurgeNotice), which every instance hears once
+// the statement commits: each forgets the owner's answers it kept in
+// memory.
 const purgeQuery = `WITH gone AS (
-	DELETE FROM jobs WHERE owner_hash = $1 AND state IN ('completed', 'failed') RETURNING id)
+	DELETE FROM jobs WHERE owner_hash = $1 AND state IN ('completed', 'failed') RETURNING id),
+	notice AS (SELECT pg_notify($2, $3))
 	SELECT (SELECT count(*) FROM gone),
-		(SELECT count(*) FROM jobs WHERE owner_hash = $1 AND state IN ('pending', 'unknown'))`
+		(SELECT count(*) FROM jobs WHERE owner_hash = $1 AND state IN ('pending', 'unknown')),
+		(SELECT count(*) FROM notice)`
 
 // Purge implements ledger.Purger.
 func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
-	var removed, kept int64
-	if err := l.pool.QueryRow(ctx, purgeQuery, ownerHash).Scan(&removed, &kept); err != nil {
+	var removed, kept, noticed int64
+	if err := l.pool.QueryRow(ctx, purgeQuery, ownerHash, l.channel, ledger.PurgeNotice(ownerHash)).Scan(&removed, &kept, &noticed); err != nil {
 		return ledger.PurgeStats{}, fmt.Errorf("postgres ledger: purge: %w", err)
 	}
 	l.replays.ForgetOwner(ownerHash)

@@ -88,16 +88,20 @@ func openCluster(t *testing.T, url, prefix string, opts Options) *Ledger {
 	return l
 }
 
-func TestClusterConformance(t *testing.T) {
-	ledgertest.Run(t, ledgertest.Harness{
-		New: func(t *testing.T) ledger.Ledger {
-			return openCluster(t, clusterURL(t), newClusterPrefix(t), Options{})
-		},
-		Peer: func(t *testing.T, l ledger.Ledger) ledger.Ledger {
-			return openCluster(t, clusterURL(t), l.(*Ledger).Prefix(), Options{})
-		},
-	})
+var clusterHarness = ledgertest.Harness{
+	New: func(t *testing.T) ledger.Ledger {
+		return openCluster(t, clusterURL(t), newClusterPrefix(t), Options{})
+	},
+	Peer: func(t *testing.T, l ledger.Ledger) ledger.Ledger {
+		return openCluster(t, clusterURL(t), l.(*Ledger).Prefix(), Options{})
+	},
 }
+
+func TestClusterConformance(t *testing.T) { ledgertest.Run(t, clusterHarness) }
+
+// A purge on a cluster reaches every instance through the sharded
+// channel of each bucket it removed jobs from.
+func TestClusterPurge(t *testing.T) { ledgertest.RunPurge(t, clusterHarness) }
 
 func TestClusterCounts(t *testing.T) {
 	ledgertest.RunCounts(t, ledgertest.Harness{

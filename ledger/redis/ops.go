@@ -61,7 +61,7 @@ func errUnexpected(what, outcome string) error {
 // it expires (see near.Margin). A repeat of the call that started one of
 // its attempts goes to the ledger, which answers it as the first call.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
-	key, now := near.Key(p.OwnerHash, p.KeyHash), time.Now()
+	key, now, gen := near.Key(p.OwnerHash, p.KeyHash), time.Now(), l.replays.Gen()
 	if j := l.replays.Get(key, now); j != nil {
 		if r, ok := near.Answer(j, &p, now); ok {
 			return r, nil
@@ -71,7 +71,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Re
 	if err != nil {
 		return r, err
 	}
-	return l.replays.Remember(key, r, &p, near.Margin), nil
+	return l.replays.Remember(key, r, &p, near.Margin, gen), nil
 }
 
 // reserve runs the reservation in the ledger.

@@ -133,6 +133,7 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 	} else {
 		l.listen = ledger.NewSubscriber(pubsub.Session(client, channels...), nil)
 	}
+	l.replays.Follow(l.listen)
 	return l, nil
 }
 

@@ -121,6 +121,7 @@ func (h *countingHook) take() (int, []string) {
 // for pipelines, and says HELLO on each new connection).
 func TestRoundTrips(t *testing.T) {
 	l := open(t, newPrefix(t))
+	ledgertest.KeepsReplays(t, l.replays)
 	h := &countingHook{}
 	l.Client().AddHook(h)
 	ctx := context.Background()

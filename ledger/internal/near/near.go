@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"container/list"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onejob/onejob/ledger"
@@ -15,6 +16,13 @@ import (
 // Cache holds completed jobs by key (their owner and key), most recently
 // used first, bounded in count and in bytes. It is safe for concurrent
 // use; the jobs it holds are shared and read-only.
+//
+// A purge removes an owner's jobs from the ledger, so a copy must not
+// outlive it: the instance that purges forgets the owner at once, and
+// one that follows the ledger's notifications (Follow, ledger.Watcher)
+// forgets it when it hears the purge, and keeps nothing while it could
+// miss one. A copy read from the ledger before a purge was heard is never
+// kept after it (Gen).
 type Cache struct {
 	mu       sync.Mutex
 	max      int // entries; 0 disables the tier
@@ -22,6 +30,10 @@ type Cache struct {
 	bytes    int
 	order    *list.List // of *nearEntry, most recent first
 	entries  map[string]*list.Element
+
+	gen   atomic.Uint64 // changed, under mu, by every purge heard and every change of live
+	live  bool          // false while the notifications followed are not confirmed: nothing is kept
+	start func()        // starts the notifications followed, at the first Get; nil once called
 }
 
 type nearEntry struct {
@@ -34,15 +46,68 @@ type nearEntry struct {
 // New returns a Cache of at most entries jobs (0 or less: it keeps
 // nothing) and about maxBytes bytes.
 func New(entries, maxBytes int) *Cache {
-	return &Cache{max: max(entries, 0), maxBytes: maxBytes, order: list.New(), entries: make(map[string]*list.Element)}
+	return &Cache{max: max(entries, 0), maxBytes: maxBytes, order: list.New(), entries: make(map[string]*list.Element), live: true}
 }
+
+// Follow has the cache hear the purges that the ledger's notifications
+// sub carries, and keep jobs only while sub's subscription is confirmed;
+// the first Get starts it. Call it before sub starts and the cache is
+// used.
+func (n *Cache) Follow(sub *ledger.Subscriber) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.live, n.start = false, sub.Start
+	sub.Watch(n)
+}
+
+// Live implements ledger.Watcher: while up is false, purges may go
+// unheard, so the cache drops what it holds and keeps nothing.
+func (n *Cache) Live(up bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.gen.Add(1)
+	if n.live = up; !up {
+		n.order.Init()
+		clear(n.entries)
+		n.bytes = 0
+	}
+}
+
+// Up reports whether the cache keeps jobs: it follows no notifications,
+// or they are confirmed.
+func (n *Cache) Up() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.live
+}
+
+// Gen returns the cache's generation: read it before reading a job from
+// the ledger, and Put refuses the job if a purge was heard since.
+func (n *Cache) Gen() uint64 { return n.gen.Load() }
+
+// Keeps reports whether a job read from the ledger after Gen returned gen
+// may be kept, here or in a tier shared with other instances: no purge
+// was heard since, and none could have gone unheard.
+func (n *Cache) Keeps(gen uint64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.keeps(gen)
+}
+
+func (n *Cache) keeps(gen uint64) bool { return n.live && n.gen.Load() == gen }
 
 // Get returns the job cached under key while it is valid at now.
 func (n *Cache) Get(key string, now time.Time) *ledger.Job {
-	if n.max <= 0 {
+	n.mu.Lock()
+	if !n.live || n.max <= 0 {
+		start := n.start
+		n.start = nil
+		n.mu.Unlock()
+		if start != nil {
+			start()
+		}
 		return nil
 	}
-	n.mu.Lock()
 	defer n.mu.Unlock()
 	e, ok := n.entries[key]
 	if !ok {
@@ -58,14 +123,18 @@ func (n *Cache) Get(key string, now time.Time) *ledger.Job {
 }
 
 // Put caches j, which has a response, under key until until, evicting the
-// least recently used jobs beyond the bounds.
-func (n *Cache) Put(key string, j *ledger.Job, until time.Time) {
+// least recently used jobs beyond the bounds, unless the generation is no
+// longer gen (Gen, read before j was).
+func (n *Cache) Put(key string, j *ledger.Job, until time.Time, gen uint64) {
 	size := len(key) + len(j.Response.Body) + 512 // the job's other fields, roughly
 	if n.max <= 0 || size > n.maxBytes {
 		return
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if !n.keeps(gen) {
+		return
+	}
 	if e, ok := n.entries[key]; ok {
 		n.remove(e)
 	}
@@ -82,6 +151,8 @@ func (n *Cache) remove(e *list.Element) {
 	n.bytes -= ent.size
 }
 
+var _ ledger.Watcher = (*Cache)(nil)
+
 // Forget drops the job cached under key, if there is one: the ledger
 // removed it, or changed it.
 func (n *Cache) Forget(key string) {
@@ -92,11 +163,13 @@ func (n *Cache) Forget(key string) {
 	}
 }
 
-// ForgetOwner drops every job of the owner ownerHash: a purge removed
-// them from the ledger, so they no longer answer as the ledger would.
+// ForgetOwner implements ledger.Watcher: it drops every job of the owner
+// ownerHash, which a purge removed from the ledger, and refuses the Put of
+// any job read before.
 func (n *Cache) ForgetOwner(ownerHash []byte) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.gen.Add(1)
 	for _, e := range n.entries {
 		if bytes.Equal(e.Value.(*nearEntry).job.OwnerHash, ownerHash) {
 			n.remove(e)
@@ -156,8 +229,9 @@ func Replayable(j *ledger.Job) bool {
 // with p's identity (Done means p's fingerprint matched), until margin
 // before it expires. The time it has left is measured by the ledger's
 // clock (the reservation's Now) and counted down on this process's, so
-// the two clocks need not agree. It returns the reservation unchanged.
-func (n *Cache) Remember(key string, r ledger.Reservation, p *ledger.ReserveParams, margin time.Duration) ledger.Reservation {
+// the two clocks need not agree; gen is Gen from before the reservation.
+// It returns the reservation unchanged.
+func (n *Cache) Remember(key string, r ledger.Reservation, p *ledger.ReserveParams, margin time.Duration, gen uint64) ledger.Reservation {
 	if r.Outcome != ledger.Done || !Replayable(r.Job) || r.Now.IsZero() {
 		return r
 	}
@@ -167,6 +241,6 @@ func (n *Cache) Remember(key string, r ledger.Reservation, p *ledger.ReservePara
 	}
 	j := *r.Job
 	p.Identify(&j)
-	n.Put(key, &j, time.Now().Add(left))
+	n.Put(key, &j, time.Now().Add(left), gen)
 	return r
 }

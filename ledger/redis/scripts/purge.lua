@@ -2,15 +2,17 @@
 -- settled (completed or failed, leases applied), with their attempts,
 -- their index entries and their identity key if it still names them; it
 -- records expired leases of the others, which it keeps. A job already gone
--- leaves the index. It returns the number of jobs removed and kept.
+-- leaves the index. When it removed any, it publishes the purge's notice
+-- (ledger.PurgeNotice): every instance forgets the owner's answers it kept
+-- in memory. It returns the number of jobs removed and kept.
 --
 -- KEYS: idx, leases, expiry, then job, attempts and identity for each job
--- ARGV: bucket prefix, owner hash, the job ids
+-- ARGV: bucket prefix, owner hash, the notice, the job ids
 CTX.leases, CTX.expiry, CTX.channel = KEYS[2], KEYS[3], ARGV[1] .. 'jobs'
 local now = now_us()
 local removed, kept = 0, 0
 local k = 4
-for i = 3, #ARGV do
+for i = 4, #ARGV do
 	local id = ARGV[i]
 	local jkey, akey, ikey = KEYS[k], KEYS[k + 1], KEYS[k + 2]
 	k = k + 3
@@ -37,5 +39,8 @@ for i = 3, #ARGV do
 			kept = kept + 1
 		end
 	end
+end
+if removed > 0 then
+	redis.call(PUBLISH, CTX.channel, ARGV[3])
 end
 return {removed, kept}
