@@ -197,7 +197,7 @@ func (m *Middleware) recordOne(w unsentWork) bool {
 	}
 	switch {
 	case err == nil:
-		m.cfg.Logger.Info("attempt recorded failed once the ledger answered", zap.String("job_id", ref.JobID),
+		m.cfg.Logger.Info("attempt recorded failed after a first record did not land", zap.String("job_id", ref.JobID),
 			zap.String("attempt_id", ref.AttemptID), zap.Bool("sent", w.failed != ""))
 	case errors.Is(err, ledger.ErrStale):
 		m.cfg.Logger.Warn("failed attempt left as it is: the job changed meanwhile, or its deadline passed",

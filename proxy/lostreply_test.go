@@ -249,6 +249,36 @@ func TestConnectErrorNotRecordedIsRecordedUnsent(t *testing.T) {
 	}
 }
 
+// The provider cannot be dialled, and by the time the gateway records it
+// (its results are taken one at a time: another's completion may come
+// first), the attempt's lease has made it unknown by the ledger's clock.
+// A connect error means the request never left: the attempt is recorded
+// failed as never sent, not left unknown for an operator; the retry runs
+// the job. (The simulation found this on a hedged route, seed 5084759.)
+func TestConnectErrorAfterLeaseIsRecordedUnsent(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	const lease = time.Hour // by the ledger's clock, which the test moves
+	h := newHarness(t, Config{Ledger: memory.New(memory.WithClock(clock.now)), AttemptDeadline: lease},
+		func(w http.ResponseWriter, r *http.Request, n int) error {
+			if n == 1 {
+				clock.advance(lease + time.Minute)
+				return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+			}
+			w.WriteHeader(http.StatusCreated)
+			_, err := w.Write([]byte("charged"))
+			return err
+		})
+	if first := h.do(post("k", `{}`)); first.Code/100 != 5 {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	h.waitRun()
+	waitJobFailed(t, h.l, "the never-sent attempt")
+	if a := onlyJob(t, h.l).Attempts[0]; a.Error != ledger.ReasonUnsent {
+		t.Errorf("the attempt's error is %q, want %q", a.Error, ledger.ReasonUnsent)
+	}
+	wantAnswer(t, h.do(post("k", `{}`)), http.StatusCreated, "charged")
+}
+
 // The provider refuses (503, before acting), and the ledger goes down
 // before the failure is recorded: once the ledger answers again, within
 // the attempt's deadline, the failure is recorded, not left for the lease

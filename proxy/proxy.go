@@ -651,11 +651,19 @@ func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.
 // the ledger does not answer, next may exist there but is never sent, and
 // att failed all the same (never sent, when its request never left: a
 // connect error): each is recorded so once the ledger answers, att first.
+// A connect error that comes to the ledger after att's lease ran out finds
+// att unknown (ErrStale): never sent is still proof, and it is recorded so.
 func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
 	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
 		return m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
 	})
+	if errors.Is(err, ledger.ErrStale) && reason == fallback.ReasonConnect {
+		if w := (unsentWork{ref: att.Ref()}); !m.recordOne(w) {
+			m.unsent(w)
+		}
+		return nil, err
+	}
 	if err != nil && !errors.Is(err, ledger.ErrBlocked) {
 		m.cfg.Logger.Error("failure not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))

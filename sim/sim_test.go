@@ -17,6 +17,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/file"
 	"github.com/onejob/onejob/ledger/memory"
@@ -170,6 +173,7 @@ func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Le
 			AttemptTimeout:  attemptTimeout,
 			AttemptDeadline: attemptDeadline,
 			Retention:       time.Hour,
+			Logger:          w.logger(l.name),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -194,6 +198,22 @@ func run(t *testing.T, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Le
 	synctest.Wait()
 	w.readJobs()
 	return w
+}
+
+// logger returns a logger that puts a gateway's warnings and errors in
+// the trace, under its name: they say why it did what the trace shows.
+func (w *world) logger(name string) *zap.Logger {
+	enc := zapcore.NewConsoleEncoder(zapcore.EncoderConfig{LevelKey: "level", MessageKey: "msg", EncodeLevel: zapcore.LowercaseLevelEncoder})
+	out := zapcore.AddSync(traceWriter(func(line string) { w.logf("%s %s", name, line) }))
+	return zap.New(zapcore.NewCore(enc, out, zapcore.WarnLevel))
+}
+
+// traceWriter is an io.Writer of log lines.
+type traceWriter func(line string)
+
+func (f traceWriter) Write(p []byte) (int, error) {
+	f(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 // readJobs reads every job a client was told of, as the world ends.
