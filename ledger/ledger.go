@@ -69,11 +69,12 @@ type Ledger interface {
 	Fail(ctx context.Context, ref AttemptRef, reason string, next *NextAttempt) (*Attempt, error)
 
 	// Unsent records that the gateway never sent attempt ref (the ledger
-	// stopped answering before the request was forwarded): the attempt
-	// becomes failed, even after its lease made it unknown, whatever
-	// happened to the job since (a re-send may have completed it); the job
-	// becomes failed when nothing else settled or blocks it. ErrStale when
-	// the attempt is settled otherwise, or a gateway said it was unknown.
+	// stopped answering before the request was forwarded, or the dial
+	// failed): the attempt becomes failed, even after it became unknown
+	// (its lease ran out, or its attempt_timeout ended before the dial
+	// failed), whatever happened to the job since (a re-send may have
+	// completed it); the job becomes failed when nothing else settled or
+	// blocks it. ErrStale when the attempt is settled otherwise.
 	Unsent(ctx context.Context, ref AttemptRef) error
 
 	// MarkUnknown records that the attempt's outcome is unknown. The job

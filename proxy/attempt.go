@@ -92,6 +92,18 @@ type runner struct {
 	runningBuf [2]*try        // running's first items, in the runner's own allocation
 	streamCut  bool           // the answer that went out ended early
 	out        *final         // the run's outcome, once decided
+
+	// Results are offered to the job one at a time, and the first one the
+	// ledger did not take (no reply came) is offered again before any
+	// later one: it finished first, and its client may hold it.
+	offerMu  sync.Mutex
+	unstored *offer
+}
+
+// offer is a result offered to the job by CAS.
+type offer struct {
+	att    ledger.Attempt
+	answer *ledger.Response
 }
 
 func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w http.ResponseWriter, first ledger.Attempt) *runner {
@@ -747,9 +759,24 @@ func (t *try) run() *result {
 	return res
 }
 
-// complete offers an answer to the job by CAS.
+// complete offers an answer to the job by CAS, after the earlier result
+// the ledger did not take, if there is one: a later result never wins
+// over it, and while the ledger does not take it, the later one is not
+// offered at all (its attempt is unknown).
 func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.Response) final {
 	m := rn.m
+	rn.offerMu.Lock()
+	defer rn.offerMu.Unlock()
+	if u := rn.unstored; u != nil {
+		if _, err := m.complete(u.att, *u.answer); err != nil {
+			m.cfg.Logger.Error("result not offered: an earlier one the ledger did not take comes first", zap.String("job_id", att.JobID),
+				zap.String("attempt_id", att.ID), zap.String("earlier_attempt_id", u.att.ID), zap.Error(err))
+			m.markUnknown(att, "result not offered: an earlier result the ledger did not take comes first")
+			m.cfg.Observer.Attempt(provider, "unknown")
+			return final{verdict: fallback.Result, answer: answer, storeErr: err}
+		}
+		rn.unstored = nil
+	}
 	c, err := m.complete(att, *answer)
 	switch {
 	case err != nil:
@@ -758,6 +785,7 @@ func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.R
 		m.cfg.Logger.Error("result not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
 		m.cfg.Observer.Attempt(provider, "unknown")
+		rn.unstored = &offer{att: att, answer: answer}
 		return final{verdict: fallback.Result, answer: answer, storeErr: err}
 	case c.Won:
 		m.cfg.Observer.Attempt(provider, "succeeded")

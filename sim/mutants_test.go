@@ -101,7 +101,7 @@ func TestCheckerCatchesBrokenTransitions(t *testing.T) {
 			const limit = 300
 			for seed := int64(1); seed <= limit; seed++ {
 				var w *world
-				synctest.Test(t, func(t *testing.T) { w = run(t, memory.New(), m.mutate, seed) })
+				synctest.Test(t, func(t *testing.T) { w = run(t, virtual, memory.New(), m.mutate, seed) })
 				for _, v := range w.check() {
 					if strings.HasPrefix(v, m.invariant+":") {
 						t.Logf("seed %d: %s", seed, v)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -32,10 +33,33 @@ const (
 	settleTime = 10 * time.Minute
 )
 
+// pace is how a schedule's time passes. Virtual time runs in a synctest
+// bubble: a schedule of minutes takes milliseconds, and nothing is ever
+// late by chance. A store on a server cannot join a bubble (its clock is
+// the server's, its replies come over sockets), so its schedules run in
+// real time, compressed: every duration of the schedule divided by
+// compress, while the gateway's own constants (its ledger-call window, its
+// never-sent queue's pauses) keep theirs.
+type pace struct {
+	compress time.Duration // the schedule's durations are divided by it
+	// transit is how long after its sending an attempt may reach its
+	// provider: zero in virtual time; in real time, what the scheduler
+	// may take between the gateway's last look at the lease and the
+	// provider's first (the lease check allows it).
+	transit time.Duration
+}
+
+var (
+	virtual    = pace{compress: 1}
+	compressed = pace{compress: 10, transit: 50 * time.Millisecond}
+)
+
 // world is one schedule: the shared store, the gateways and their links,
 // the providers, and what everyone saw, for the checker.
 type world struct {
 	seed  int64
+	pace  pace
+	start time.Time
 	store ledger.Ledger
 
 	mu        sync.Mutex
@@ -51,6 +75,26 @@ type world struct {
 	jobIntent map[string]string   // job id: intent
 	final     []*ledger.Job       // every job, as the world ended
 	cancelled map[string]bool     // jobs an operator cancelled: what they decided stands
+	holds     int                 // attempts and never-sent queues running in the gateways
+}
+
+// dur returns how long d of the schedule lasts at the world's pace.
+func (w *world) dur(d time.Duration) time.Duration { return d / w.pace.compress }
+
+// hold counts what runs in a gateway, detached from its clients (an
+// attempt, a never-sent queue): the world has settled when nothing does.
+func (w *world) hold() (release func()) {
+	w.mu.Lock()
+	w.holds++
+	w.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			w.holds--
+			w.mu.Unlock()
+		})
+	}
 }
 
 // answer is what one client request got.
@@ -83,11 +127,9 @@ func (w *world) draw(parts ...any) uint64 {
 func (w *world) logf(format string, args ...any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.trace = append(w.trace, fmt.Sprintf("%8.3fs ", float64(time.Since(epoch))/float64(time.Second))+fmt.Sprintf(format, args...))
+	at := time.Since(w.start) * w.pace.compress // in the schedule's time, at any pace
+	w.trace = append(w.trace, fmt.Sprintf("%8.3fs ", at.Seconds())+fmt.Sprintf(format, args...))
 }
-
-// epoch is the start of every synctest bubble's clock.
-var epoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // --- the links --------------------------------------------------------------
 
@@ -140,7 +182,7 @@ func linkDo[T any](l *link, ctx context.Context, op string, call func(context.Co
 		d := time.Duration(1+l.w.draw("delay", l.name, op, n)%8000) * time.Millisecond
 		v, err := call(ctx)
 		l.w.logf("%s %s #%d: ran (%v), reply delayed %v", l.name, op, n, err, d)
-		t := time.NewTimer(d)
+		t := time.NewTimer(l.w.dur(d))
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -151,7 +193,7 @@ func linkDo[T any](l *link, ctx context.Context, op string, call func(context.Co
 	case x < 85:
 		d := time.Duration(1+l.w.draw("down", l.name, op, n)%30) * time.Second
 		l.mu.Lock()
-		l.down = time.Now().Add(d)
+		l.down = time.Now().Add(l.w.dur(d))
 		l.mu.Unlock()
 		l.w.logf("%s %s #%d: link down for %v", l.name, op, n, d)
 		return zero, errDown
@@ -259,9 +301,16 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	intent := r.Header.Get("X-Sim-Intent")
 	attempt := job + "/" + strconv.Itoa(n)
 	w.mu.Lock()
+	w.jobIntent[job] = intent
+	w.mu.Unlock()
+	x := w.draw("provider", p.name, intent, n) % 100
+	if x >= 90 { // the dial fails: the request never reaches the provider
+		w.logf("%s %s: connection refused", p.name, attempt)
+		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	}
+	w.mu.Lock()
 	w.received[attempt] = true
 	w.sentBy[attempt] = r.Header.Get("X-Sim-Request")
-	w.jobIntent[job] = intent
 	w.mu.Unlock()
 	p.checkLease(job, n)
 	if p.dedup {
@@ -301,7 +350,7 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	wait := func(d time.Duration) bool {
-		t := time.NewTimer(d)
+		t := time.NewTimer(w.dur(d))
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -311,7 +360,6 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	io.Copy(io.Discard, r.Body)
-	x := w.draw("provider", p.name, intent, n) % 100
 	switch {
 	case x < 50: // acts, answers after a while
 		d := []time.Duration{0, 100 * time.Millisecond, 800 * time.Millisecond, 1500 * time.Millisecond}[x%4]
@@ -334,7 +382,7 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 		act()
 		w.logf("%s %s: acts, connection breaks", p.name, attempt)
 		return errors.New("read tcp: connection reset by peer")
-	case x < 90: // acts, answers past the deadline
+	default: // acts, answers past the deadline
 		act()
 		w.logf("%s %s: acts, answers past the deadline", p.name, attempt)
 		if !wait(2 * attemptDeadline) {
@@ -342,25 +390,20 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 		}
 		return p.answer(rw, r, body)
 	}
-	// The dial fails: the request never reached the provider.
-	w.mu.Lock()
-	delete(w.received, attempt)
-	w.mu.Unlock()
-	w.logf("%s %s: connection refused", p.name, attempt)
-	return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 }
 
 // checkLease records an attempt that arrived after its lease ran out by
-// the ledger's clock.
+// the ledger's clock (give or take the pace's transit).
 func (p *provider) checkLease(job string, n int) {
+	arrived := time.Now()
 	j, err := p.w.store.Job(context.Background(), job)
 	if err != nil {
 		p.w.violation("world: attempt %s/%d arrived at %s but its job cannot be read: %v", job, n, p.name, err)
 		return
 	}
 	for _, a := range j.Attempts {
-		if a.Number == n && !time.Now().Before(a.Deadline) {
-			p.w.violation("lease: attempt %s/%d arrived at %s %v after its lease ran out", job, n, p.name, time.Since(a.Deadline))
+		if late := arrived.Sub(a.Deadline); a.Number == n && late >= p.w.pace.transit {
+			p.w.violation("lease: attempt %s/%d arrived at %s %v after its lease ran out", job, n, p.name, late)
 		}
 	}
 }
@@ -378,7 +421,7 @@ func (w *world) violation(format string, args ...any) {
 // cancels an unknown one, as the admin API's resolve does.
 func (w *world) operator(done <-chan struct{}) {
 	for round := 0; ; round++ {
-		t := time.NewTimer(time.Duration(500+w.draw("operator", round)%4000) * time.Millisecond)
+		t := time.NewTimer(w.dur(time.Duration(500+w.draw("operator", round)%4000) * time.Millisecond))
 		select {
 		case <-done:
 			t.Stop()
@@ -417,7 +460,7 @@ func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 		body = fmt.Sprintf(`{"amount":%d}`, 1000+i)
 	}
 	start := time.Duration(w.draw("start", i)%2000) * time.Millisecond
-	time.Sleep(start)
+	time.Sleep(w.dur(start))
 	var dup sync.WaitGroup
 	for try := range maxTries {
 		send := func(req string) answer {
@@ -427,8 +470,9 @@ func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 			r.Header.Set("Authorization", owner)
 			r.Header.Set("X-Sim-Intent", intent)
 			r.Header.Set("X-Sim-Request", req)
-			if x := w.draw("prefer", req) % 8; x < 2 { // Prefer: wait=0 or wait=3
-				r.Header.Set("Prefer", fmt.Sprintf("wait=%d", 3*x))
+			if x := w.draw("prefer", req) % 8; x < 2 { // Prefer: wait=0 or wait=3 (in whole seconds at any pace)
+				wait := w.dur(time.Duration(3*x) * time.Second)
+				r.Header.Set("Prefer", fmt.Sprintf("wait=%d", int(math.Ceil(wait.Seconds()))))
 			}
 			rec := httptest.NewRecorder()
 			if err := mws[g].ServeHTTP(rec, r, noNext); err != nil {
@@ -454,7 +498,7 @@ func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 		if a.status == http.StatusUnprocessableEntity { // a mismatch: another body has the key
 			break
 		}
-		time.Sleep(time.Duration(100+w.draw("jitter", i, try)%3000) * time.Millisecond)
+		time.Sleep(w.dur(time.Duration(100+w.draw("jitter", i, try)%3000) * time.Millisecond))
 	}
 	dup.Wait()
 }

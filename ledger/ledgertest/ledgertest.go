@@ -71,7 +71,7 @@ func run(t *testing.T, h Harness) {
 		{"RepeatsByID", testRepeatsByID},
 		{"UnsentAttemptFails", testUnsent},
 		{"UnsentAfterLease", testUnsentAfterLease},
-		{"UnsentRefusedOnceTouched", testUnsentTouched},
+		{"UnsentOnceTouched", testUnsentTouched},
 		{"UnbeatenLostBlocks", testUnbeatenLostBlocks},
 		{"CancelledLateResultNeverBlocks", testCancelledNeverBlocks},
 		{"FindByOwnerAndKey", testFind},
@@ -1237,20 +1237,23 @@ func testUnsentAfterLease(t *testing.T, h Harness) {
 	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptFailed)
 }
 
-// testUnsentTouched: an attempt a gateway said was unknown, or that won,
-// is not the never-sent attempt; one whose lease alone made it unknown
-// is, whatever happened to the job since: a re-send that completed the job
-// leaves the job completed, and the never-sent attempt failed.
+// testUnsentTouched: the proof that an attempt was never sent settles it
+// whatever made it unknown: its attempt_timeout may end before the dial
+// fails, and the gateway's own mark comes first. An attempt that won is
+// not the never-sent attempt; one the lease made unknown is, whatever
+// happened to the job since: a re-send that completed the job leaves the
+// job completed, and the never-sent attempt failed.
 func testUnsentTouched(t *testing.T, h Harness) {
 	l := h.New(t)
-	r := reserve(t, l, params(long), ledger.Created)
+	r := reserve(t, l, params(short), ledger.Created)
 	if err := l.MarkUnknown(ctx(t), r.Attempt.Ref(), "attempt_timeout"); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Unsent(ctx(t), r.Attempt.Ref()); !errors.Is(err, ledger.ErrStale) {
-		t.Errorf("Unsent of an attempt that timed out: err = %v, want ErrStale", err)
+	eventually(t, "the deadline passes", func() bool { return !job(t, l, r.Job.ID).ReadAt.Before(r.Attempt.Deadline) })
+	if err := l.Unsent(ctx(t), r.Attempt.Ref()); err != nil {
+		t.Errorf("Unsent of an attempt that timed out before its dial failed: %v", err)
 	}
-	wantState(t, job(t, l, r.Job.ID), ledger.JobUnknown, ledger.AttemptUnknown)
+	wantState(t, job(t, l, r.Job.ID), ledger.JobFailed, ledger.AttemptFailed)
 	// A completed job is never touched.
 	q := reserve(t, l, params(long), ledger.Created)
 	complete(t, l, q.Attempt, "done", true)

@@ -421,8 +421,9 @@ BEGIN
 END $$;
 
 -- unsent records that the gateway never sent an attempt: it becomes failed
--- (with p_reason), even after its lease made it unknown (the lease, not a
--- gateway, made it so), whatever happened to the job since; the job
+-- (with p_reason), even after it became unknown (by its lease, or by a
+-- timeout that ended before its dial failed), whatever happened to the job
+-- since; the job
 -- becomes failed when nothing else settled or blocks it (fsm.Unsent). A
 -- repeat, or an attempt failed otherwise, is 'ok'.
 CREATE FUNCTION {{fn}}.unsent(p_job uuid, p_attempt uuid, p_reason text) RETURNS text
@@ -444,11 +445,7 @@ BEGIN
 		RETURN 'not_found';
 	ELSIF a.state = 'failed' THEN
 		RETURN 'ok';
-	ELSIF a.state = 'unknown' THEN
-		IF a.error IS DISTINCT FROM 'lease expired' THEN
-			RETURN 'stale';
-		END IF;
-	ELSIF a.state <> 'starting' THEN
+	ELSIF a.state NOT IN ('starting', 'unknown') THEN
 		RETURN 'stale';
 	END IF;
 	UPDATE attempts t SET state = 'failed', error = p_reason, finished_at = ts WHERE t.id = p_attempt;

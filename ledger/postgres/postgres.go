@@ -158,8 +158,10 @@ func loadMigrations(dir string) ([]migration, error) {
 	return ms, nil
 }
 
-// migrationLock is the advisory lock key under which migrations run, so that
-// gateways starting together apply each migration once.
+// migrationLock seeds the advisory lock key under which a schema's
+// migrations run, so that gateways starting together apply each migration
+// once; the key is the schema's name hashed with it, so that gateways on
+// other schemas (other ledgers in the same database) do not wait.
 const migrationLock = 0x6f6e656a6f62 // "onejob"
 
 // migrate applies the missing migrations and expansions and then, unless
@@ -175,7 +177,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("postgres ledger: %w", err)
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, $2))", schema, int64(migrationLock)); err != nil {
 			return fmt.Errorf("postgres ledger: migration lock: %w", err)
 		}
 		ident := pgx.Identifier{schema}.Sanitize()

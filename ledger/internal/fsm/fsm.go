@@ -293,7 +293,8 @@ func afterFailure(j *ledger.Job, a *ledger.Attempt, next *ledger.NextAttempt, no
 }
 
 // Unsent records that attempt ref was never sent: it becomes failed, even
-// after its lease made it unknown, whatever happened to the job since.
+// after it became unknown (its lease ran out, or its attempt_timeout ended
+// before its dial failed), whatever happened to the job since.
 func Unsent(j *ledger.Job, ref ledger.AttemptRef, now time.Time) error {
 	ApplyLeases(j, now)
 	a := find(j, ref.AttemptID)
@@ -303,15 +304,11 @@ func Unsent(j *ledger.Job, ref ledger.AttemptRef, now time.Time) error {
 	switch a.State {
 	case ledger.AttemptFailed:
 		return nil // a repeat, or a failure recorded otherwise: either way not sent
-	case ledger.AttemptStarting:
-	case ledger.AttemptUnknown:
-		// Only its lease made it unknown: no gateway said it was sent.
-		// Whatever happened to the job since (a re-send that completed
-		// it), the attempt itself never left; the job's state follows
-		// the usual rules (afterFailure).
-		if a.Error != ledger.ReasonLeaseExpired {
-			return ledger.ErrStale
-		}
+	case ledger.AttemptStarting, ledger.AttemptUnknown:
+		// Unknown says only that no answer came in time. Whatever
+		// happened to the job since (a re-send that completed it), the
+		// attempt itself never left; the job's state follows the usual
+		// rules (afterFailure).
 	default:
 		return ledger.ErrStale
 	}

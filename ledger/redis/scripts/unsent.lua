@@ -1,6 +1,7 @@
 -- unsent records that an attempt was never sent: it becomes failed, even
--- after its lease made it unknown (but not once a gateway said it was
--- unknown); the job becomes failed when nothing else settled or blocks it.
+-- after it became unknown (by its lease, or by a timeout that ended before
+-- its dial failed); the job becomes failed when nothing else settled or
+-- blocks it.
 -- An attempt already failed is a repeat (fsm.Unsent).
 --
 -- KEYS: job, attempts, leases, expiry
@@ -19,7 +20,7 @@ if not a then
 	reply = 'not_found'
 elseif a.s == 'failed' then
 	reply = 'ok' -- a repeat, or a failure recorded otherwise: either way not sent
-elseif a.s == 'starting' or (a.s == 'unknown' and a.e == LEASE_EXPIRED) then
+elseif a.s == 'starting' or a.s == 'unknown' then
 	finish(J, a, 'failed', ARGV[3], now)
 	after_failure(J, A, a, nil, now)
 else

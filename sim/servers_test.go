@@ -1,0 +1,118 @@
+//go:build integration
+
+package sim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/postgres"
+	"github.com/onejob/onejob/ledger/redis"
+)
+
+// serverStores are the ledgers on servers, each schedule in a schema or
+// under a prefix of its own, dropped when it ends.
+var serverStores = []store{
+	{"postgres", func(t *testing.T, seed int64) ledger.Ledger {
+		dsn := server(t, "ONEJOB_TEST_POSTGRES")
+		l, err := postgres.Open(openContext(t), dsn, postgres.Options{Schema: fmt.Sprintf("onejob_sim%d_%d", os.Getpid(), seed)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drop := "DROP SCHEMA IF EXISTS " + l.FunctionsSchema() + ", " + l.Schema() + " CASCADE"
+		t.Cleanup(func() {
+			conn, err := pgx.Connect(context.Background(), dsn)
+			if err != nil {
+				t.Errorf("drop the schedule's schema: %v", err)
+				return
+			}
+			defer conn.Close(context.Background())
+			if _, err := conn.Exec(context.Background(), drop); err != nil {
+				t.Errorf("drop the schedule's schema: %v", err)
+			}
+		})
+		return l
+	}},
+	{"redis", func(t *testing.T, seed int64) ledger.Ledger {
+		url := server(t, "ONEJOB_TEST_REDIS")
+		prefix := fmt.Sprintf("onejob-sim:%d:%d:", os.Getpid(), seed)
+		l, err := redis.Open(openContext(t), url, redis.Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			opt, err := goredis.ParseURL(url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			c := goredis.NewClient(opt)
+			defer c.Close()
+			ctx := context.Background()
+			for it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator(); it.Next(ctx); {
+				c.Del(ctx, it.Val())
+			}
+		})
+		return l
+	}},
+}
+
+// server returns the address of a test server; under the integration tag
+// a missing one is a failure, never a skip.
+func server(t *testing.T, env string) string {
+	v := os.Getenv(env)
+	if v == "" {
+		t.Fatalf("%s is not set: run ./integration/test.sh, which starts the servers", env)
+	}
+	return v
+}
+
+func openContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// serverSchedules is how many schedules run on each server by default
+// (-sim.schedules or $ONEJOB_SIM_SCHEDULES set it as for the others), and
+// serverParallel how many run at once: a schedule in real time mostly
+// waits.
+const (
+	serverSchedules = 200
+	serverParallel  = 16
+)
+
+// TestExactlyOnceOnServers runs the schedules of TestExactlyOnce on the
+// ledgers on PostgreSQL and Redis, in compressed real time, several at
+// once: each is a subtest named by its seed.
+func TestExactlyOnceOnServers(t *testing.T) {
+	seeds := schedules(t)
+	if *seedFlag == 0 && *schedulesFlag == 0 && os.Getenv("ONEJOB_SIM_SCHEDULES") == "" {
+		seeds = seeds[:serverSchedules]
+	}
+	for _, s := range serverStores {
+		t.Run(s.name, func(t *testing.T) {
+			sem := make(chan struct{}, serverParallel)
+			var wg sync.WaitGroup
+			for _, seed := range seeds {
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() { // t.Run from many goroutines: the subtests run at once
+					defer func() { <-sem; wg.Done() }()
+					t.Run(strconv.FormatInt(seed, 10), func(t *testing.T) { explore(t, compressed, s, seed) })
+				}()
+			}
+			wg.Wait()
+			t.Logf("%s: %d schedules", s.name, len(seeds))
+		})
+	}
+}
