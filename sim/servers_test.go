@@ -19,26 +19,22 @@ import (
 	"github.com/onejob/onejob/ledger/redis"
 )
 
-// serverStores are the ledgers on servers, each schedule in a schema or
-// under a prefix of its own, dropped when it ends.
+// serverStores are the ledgers on servers: on PostgreSQL, each schedule
+// in a schema no other running schedule uses (emptied after it, and used
+// again: migrating a new one costs more than a schedule); on Redis, under
+// a prefix of its own, deleted after it.
 var serverStores = []store{
-	{"postgres", func(t *testing.T, seed int64) ledger.Ledger {
-		dsn := server(t, "ONEJOB_TEST_POSTGRES")
-		l, err := postgres.Open(openContext(t), dsn, postgres.Options{Schema: fmt.Sprintf("onejob_sim%d_%d", os.Getpid(), seed)})
+	{"postgres", func(t *testing.T, _ int64) ledger.Ledger {
+		schema := <-pgSchemas
+		l, err := postgres.Open(openContext(t), server(t, "ONEJOB_TEST_POSTGRES"), postgres.Options{Schema: schema})
 		if err != nil {
+			pgSchemas <- schema
 			t.Fatal(err)
 		}
-		drop := "DROP SCHEMA IF EXISTS " + l.FunctionsSchema() + ", " + l.Schema() + " CASCADE"
+		pgUsed.Store(schema, l.FunctionsSchema())
 		t.Cleanup(func() {
-			conn, err := pgx.Connect(context.Background(), dsn)
-			if err != nil {
-				t.Errorf("drop the schedule's schema: %v", err)
-				return
-			}
-			defer conn.Close(context.Background())
-			if _, err := conn.Exec(context.Background(), drop); err != nil {
-				t.Errorf("drop the schedule's schema: %v", err)
-			}
+			defer func() { pgSchemas <- schema }()
+			emptySchema(t, schema)
 		})
 		return l
 	}},
@@ -64,6 +60,55 @@ var serverStores = []store{
 		})
 		return l
 	}},
+}
+
+// pgSchemas holds the schemas free for a schedule, one per schedule that
+// may run at once; pgUsed, the schemas used (and their functions'), to
+// drop when the test ends.
+var (
+	pgSchemas = func() chan string {
+		c := make(chan string, serverParallel)
+		for i := range serverParallel {
+			c <- fmt.Sprintf("onejob_sim%d_%d", os.Getpid(), i)
+		}
+		return c
+	}()
+	pgUsed sync.Map
+)
+
+// emptySchema deletes the rows of every table of schema but its
+// migrations' records, so that the next schedule finds it as new.
+func emptySchema(t *testing.T, schema string) {
+	conn, err := pgx.Connect(context.Background(), server(t, "ONEJOB_TEST_POSTGRES"))
+	if err != nil {
+		t.Errorf("empty the schedule's schema: %v", err)
+		return
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), `DO $$ DECLARE t text; BEGIN
+		SELECT string_agg(format('%I.%I', schemaname, tablename), ', ') INTO t FROM pg_tables
+			WHERE schemaname = '`+schema+`' AND tablename NOT IN ('schema_migrations', 'schema_functions');
+		EXECUTE 'TRUNCATE ' || t;
+	END $$`)
+	if err != nil {
+		t.Errorf("empty the schedule's schema: %v", err)
+	}
+}
+
+// dropSchemas drops every schema a schedule used.
+func dropSchemas(t *testing.T) {
+	conn, err := pgx.Connect(context.Background(), server(t, "ONEJOB_TEST_POSTGRES"))
+	if err != nil {
+		t.Errorf("drop the schedules' schemas: %v", err)
+		return
+	}
+	defer conn.Close(context.Background())
+	pgUsed.Range(func(schema, fn any) bool {
+		if _, err := conn.Exec(context.Background(), fmt.Sprintf("DROP SCHEMA IF EXISTS %s, %s CASCADE", fn, schema)); err != nil {
+			t.Errorf("drop the schedules' schemas: %v", err)
+		}
+		return true
+	})
 }
 
 // server returns the address of a test server; under the integration tag
@@ -99,6 +144,7 @@ func TestExactlyOnceOnServers(t *testing.T) {
 	if *seedFlag == 0 && *schedulesFlag == 0 && os.Getenv("ONEJOB_SIM_SCHEDULES") == "" {
 		seeds = seeds[:serverSchedules]
 	}
+	t.Cleanup(func() { dropSchemas(t) })
 	for _, s := range serverStores {
 		t.Run(s.name, func(t *testing.T) {
 			sem := make(chan struct{}, serverParallel)

@@ -260,6 +260,7 @@ func (w *world) settle() {
 		}
 		w.mu.Unlock()
 	}
+	w.logf("settled")
 }
 
 // logger returns a logger that puts a gateway's warnings and errors in
