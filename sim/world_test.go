@@ -43,15 +43,17 @@ const (
 type pace struct {
 	compress time.Duration // the schedule's durations are divided by it
 	// transit is how long after its sending an attempt may reach its
-	// provider: zero in virtual time; in real time, what the scheduler
-	// may take between the gateway's last look at the lease and the
-	// provider's first (the lease check allows it).
+	// provider: zero in virtual time; in real time, what a loaded machine's
+	// scheduler may take between the gateway's last look at the lease and
+	// the provider's first (the lease check allows it). Real time checks
+	// the lease coarsely, so as never to fail by chance; virtual time
+	// checks it exactly.
 	transit time.Duration
 }
 
 var (
 	virtual    = pace{compress: 1}
-	compressed = pace{compress: 10, transit: 50 * time.Millisecond}
+	compressed = pace{compress: 10, transit: 200 * time.Millisecond}
 )
 
 // world is one schedule: the shared store, the gateways and their links,
