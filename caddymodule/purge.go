@@ -27,7 +27,8 @@ type purgeJSON struct {
 	// Removed counts the settled jobs removed, with their answers.
 	Removed int `json:"removed"`
 	// Kept counts the owner's pending and unknown jobs, which a purge
-	// never removes: settle them (resolve), then purge again.
+	// never removes (settle them, resolve, then purge again), and answers
+	// still streaming (purge again once they end).
 	Kept int `json:"kept"`
 	// Ledgers counts the ledgers purged (one per ledger, cache and owner
 	// secret that a handler uses).

@@ -8,8 +8,9 @@ import (
 )
 
 // RunPurge checks a ledger.Purger: a purge removes the owner's settled
-// jobs and nothing else, keeps its pending and unknown ones, and a
-// repeat removes nothing more. Run it beside Run for a ledger that
+// jobs and nothing else, keeps its pending and unknown ones and an answer
+// still streaming (until its body is saved), and a repeat removes nothing
+// more. Run it beside Run for a ledger that
 // implements ledger.Purger.
 func RunPurge(t *testing.T, h Harness) {
 	l := h.New(t)
@@ -48,6 +49,13 @@ func RunPurge(t *testing.T, h Harness) {
 	}
 	pPending := mine(params(long))
 	pending := reserve(t, l, pPending, ledger.Created)
+	// An answer that won while it streams, its body not saved yet: its
+	// first client still reads it.
+	pStream := mine(params(long))
+	stream := reserve(t, l, pStream, ledger.Created)
+	if c, err := l.Complete(ctx(t), stream.Attempt.Ref(), ledger.Response{Status: 200, Size: -1}); err != nil || !c.Won {
+		t.Fatalf("Complete a stream's head: %v %v", c.Won, err)
+	}
 	pUnknown := mine(params(short))
 	unknown := reserve(t, l, pUnknown, ledger.Created)
 	// Another owner's job with the same key as the completed one.
@@ -61,8 +69,8 @@ func RunPurge(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st != (ledger.PurgeStats{Removed: 3, Kept: 2}) {
-		t.Errorf("purge: %+v, want 3 removed and 2 kept", st)
+	if st != (ledger.PurgeStats{Removed: 3, Kept: 3}) {
+		t.Errorf("purge: %+v, want 3 removed and 3 kept (pending, unknown, streaming)", st)
 	}
 	for _, id := range []string{done.Job.ID, shared.Job.ID, failed.Job.ID} {
 		for _, x := range []ledger.Ledger{l, peer} {
@@ -87,6 +95,16 @@ func RunPurge(t *testing.T, h Harness) {
 	if j := job(t, l, unknown.Job.ID); j.State != ledger.JobUnknown {
 		t.Errorf("unknown job: %s", j.State)
 	}
+	if j := job(t, l, stream.Job.ID); j.State != ledger.JobCompleted {
+		t.Errorf("streaming job: %s", j.State)
+	}
+	wantDone := func(p ledger.ReserveParams, what string) {
+		t.Helper()
+		if r := reserve(t, l, p, ledger.Done); r.Job.ID != stream.Job.ID {
+			t.Errorf("%s: the key is a new intent", what)
+		}
+	}
+	wantDone(pStream, "a purge while the answer streams")
 	if r := reserve(t, l, pOther, ledger.Done); string(r.Job.Response.Body) != "other's answer" {
 		t.Errorf("another owner's job: %q", r.Job.Response.Body)
 	}
@@ -106,9 +124,18 @@ func RunPurge(t *testing.T, h Harness) {
 		return r.Outcome == ledger.Created
 	})
 
-	// A repeat removes nothing more; the new jobs are pending.
-	if st, err := pl.Purge(ctx(t), owner); err != nil || st != (ledger.PurgeStats{Removed: 0, Kept: 5}) {
-		t.Errorf("repeated purge: %+v, %v; want 0 removed and 5 kept", st, err)
+	// A repeat removes nothing more; the new jobs are pending, and the
+	// answer still streams.
+	if st, err := pl.Purge(ctx(t), owner); err != nil || st != (ledger.PurgeStats{Removed: 0, Kept: 6}) {
+		t.Errorf("repeated purge: %+v, %v; want 0 removed and 6 kept", st, err)
+	}
+	wantDone(pStream, "a repeated purge while the answer streams")
+	// Once its body is saved, the streamed answer is settled like any.
+	if err := l.SaveBody(ctx(t), stream.Attempt.Ref(), []byte("data: 1\n\n"), 9, true); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := pl.Purge(ctx(t), owner); err != nil || st != (ledger.PurgeStats{Removed: 1, Kept: 5}) {
+		t.Errorf("purge after the stream ended: %+v, %v; want 1 removed and 5 kept", st, err)
 	}
 	if st, err := pl.Purge(ctx(t), randBytes(32)); err != nil || st != (ledger.PurgeStats{}) {
 		t.Errorf("purge of an owner with no job: %+v, %v", st, err)

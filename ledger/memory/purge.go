@@ -26,7 +26,7 @@ func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, 
 			return st, err
 		}
 		change = max(change, e.change)
-		if ledger.Purgeable(j) {
+		if ledger.Purgeable(j, now) {
 			change = max(change, l.remove(e))
 			st.Removed++
 		} else {

@@ -8,7 +8,10 @@ import (
 )
 
 // purgeQuery removes an owner's settled jobs (their attempts go with them:
-// ON DELETE CASCADE) and counts the ones it keeps, in one statement. The
+// ON DELETE CASCADE) but an answer still streaming (ledger.Purgeable: its
+// body not saved, its attempt's lease running), and counts the ones it
+// keeps, in one statement (the main query sees the rows as they were
+// before the DELETE: kept is all of the owner's less the removed). The
 // DELETE takes each row's lock, so it waits for a transition under way and
 // then sees the job's state after it; the unique index (owner_hash,
 // key_hash) finds the owner's rows. It notifies the channel $2 with the
@@ -16,10 +19,13 @@ import (
 // the statement commits: each forgets the owner's answers it kept in
 // memory.
 const purgeQuery = `WITH gone AS (
-	DELETE FROM jobs WHERE owner_hash = $1 AND state IN ('completed', 'failed') RETURNING id),
+	DELETE FROM jobs j WHERE owner_hash = $1 AND state IN ('completed', 'failed')
+		AND NOT (response_size < 0 AND NOT response_stored AND EXISTS (
+			SELECT 1 FROM attempts a WHERE a.id = j.completed_by AND a.deadline > clock_timestamp()))
+	RETURNING id),
 	notice AS (SELECT pg_notify($2, $3))
 	SELECT (SELECT count(*) FROM gone),
-		(SELECT count(*) FROM jobs WHERE owner_hash = $1 AND state IN ('pending', 'unknown')),
+		(SELECT count(*) FROM jobs WHERE owner_hash = $1) - (SELECT count(*) FROM gone),
 		(SELECT count(*) FROM notice)`
 
 // Purge implements ledger.Purger.

@@ -1,5 +1,7 @@
 -- purge removes the jobs it is given that belong to the owner and are
--- settled (completed or failed, leases applied), with their attempts,
+-- settled (completed or failed, leases applied) but for an answer still
+-- streaming (its body not saved, the lease of the attempt that sends it
+-- running: ledger.Purgeable), with their attempts,
 -- their index entries and their identity key if it still names them; it
 -- records expired leases of the others, which it keeps. A job already gone
 -- leaves the index. When it removed any, it publishes the purge's notice
@@ -21,12 +23,18 @@ for i = 4, #ARGV do
 		redis.call('ZREM', KEYS[1], id)
 		redis.call('ZREM', CTX.leases, id)
 	elseif J.owner == ARGV[2] then
+		local streaming = false
 		if not expired(J, now) then
 			local A = load_attempts(J)
 			apply_leases(J, A, now)
 			reindex(J, A)
+			local size = tonumber(J.size)
+			if J.by ~= '' and J.stored ~= '1' and size and size < 0 then
+				local w = find(J, A, J.by)
+				streaming = w ~= nil and now < tonumber(w.dl)
+			end
 		end
-		if J.state == 'completed' or J.state == 'failed' then
+		if (J.state == 'completed' or J.state == 'failed') and not streaming then
 			redis.call('DEL', jkey, akey)
 			redis.call('ZREM', KEYS[1], id)
 			redis.call('ZREM', CTX.leases, id)
