@@ -56,6 +56,12 @@ func RunPurge(t *testing.T, h Harness) {
 	if c, err := l.Complete(ctx(t), stream.Attempt.Ref(), ledger.Response{Status: 200, Size: -1}); err != nil || !c.Won {
 		t.Fatalf("Complete a stream's head: %v %v", c.Won, err)
 	}
+	// One whose attempt's lease ran out: its gateway stopped before the
+	// end, and it is settled like any.
+	lapsed := reserve(t, l, mine(params(short)), ledger.Created)
+	if c, err := l.Complete(ctx(t), lapsed.Attempt.Ref(), ledger.Response{Status: 200, Size: -1}); err != nil || !c.Won {
+		t.Fatalf("Complete a stream's head: %v %v", c.Won, err)
+	}
 	pUnknown := mine(params(short))
 	unknown := reserve(t, l, pUnknown, ledger.Created)
 	// Another owner's job with the same key as the completed one.
@@ -64,15 +70,16 @@ func RunPurge(t *testing.T, h Harness) {
 	other := reserve(t, l, pOther, ledger.Created)
 	complete(t, l, other.Attempt, "other's answer", true)
 	eventually(t, "the short lease reads unknown", func() bool { return job(t, l, unknown.Job.ID).State == ledger.JobUnknown })
+	eventually(t, "the lapsed stream's lease runs out", func() bool { return !job(t, l, lapsed.Job.ID).ReadAt.Before(lapsed.Attempt.Deadline) })
 
 	st, err := pl.Purge(ctx(t), owner)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st != (ledger.PurgeStats{Removed: 3, Kept: 3}) {
-		t.Errorf("purge: %+v, want 3 removed and 3 kept (pending, unknown, streaming)", st)
+	if st != (ledger.PurgeStats{Removed: 4, Kept: 3}) {
+		t.Errorf("purge: %+v, want 4 removed and 3 kept (pending, unknown, streaming)", st)
 	}
-	for _, id := range []string{done.Job.ID, shared.Job.ID, failed.Job.ID} {
+	for _, id := range []string{done.Job.ID, shared.Job.ID, failed.Job.ID, lapsed.Job.ID} {
 		for _, x := range []ledger.Ledger{l, peer} {
 			if _, err := x.Job(ctx(t), id); !errors.Is(err, ledger.ErrNotFound) {
 				t.Errorf("purged job %s: err = %v, want ErrNotFound", id, err)
