@@ -137,28 +137,32 @@ const (
 )
 
 // TestExactlyOnceOnServers runs the schedules of TestExactlyOnce on the
-// ledgers on PostgreSQL and Redis, in compressed real time, several at
-// once: each is a subtest named by its seed.
+// ledgers on PostgreSQL and Redis, in compressed real time, both servers
+// and serverParallel schedules on each at once (t.Run from many
+// goroutines): each is a subtest named by its seed.
 func TestExactlyOnceOnServers(t *testing.T) {
 	seeds := schedules(t)
 	if *seedFlag == 0 && *schedulesFlag == 0 && os.Getenv("ONEJOB_SIM_SCHEDULES") == "" {
 		seeds = seeds[:serverSchedules]
 	}
 	t.Cleanup(func() { dropSchemas(t) })
+	var servers sync.WaitGroup
 	for _, s := range serverStores {
-		t.Run(s.name, func(t *testing.T) {
-			sem := make(chan struct{}, serverParallel)
-			var wg sync.WaitGroup
-			for _, seed := range seeds {
-				sem <- struct{}{}
-				wg.Add(1)
-				go func() { // t.Run from many goroutines: the subtests run at once
-					defer func() { <-sem; wg.Done() }()
-					t.Run(strconv.FormatInt(seed, 10), func(t *testing.T) { explore(t, compressed, s, seed) })
-				}()
-			}
-			wg.Wait()
-			t.Logf("%s: %d schedules", s.name, len(seeds))
+		servers.Go(func() {
+			t.Run(s.name, func(t *testing.T) {
+				sem := make(chan struct{}, serverParallel)
+				var wg sync.WaitGroup
+				for _, seed := range seeds {
+					sem <- struct{}{}
+					wg.Go(func() {
+						defer func() { <-sem }()
+						t.Run(strconv.FormatInt(seed, 10), func(t *testing.T) { explore(t, compressed, s, seed) })
+					})
+				}
+				wg.Wait()
+				t.Logf("%s: %d schedules", s.name, len(seeds))
+			})
 		})
 	}
+	servers.Wait()
 }
