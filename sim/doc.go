@@ -11,5 +11,8 @@
 // It lives beside proxy and drives the middleware through its exported
 // API only, as caddymodule does, so what it checks is what ships; time is
 // virtual (testing/synctest), so a schedule of minutes runs in
-// milliseconds. The tests are the package: see sim_test.go.
+// milliseconds. With the integration tag the same schedules run on the
+// PostgreSQL and Redis ledgers in real time, compressed (servers_test.go):
+// a server cannot join a bubble. The tests are the package: see
+// sim_test.go.
 package sim
