@@ -658,17 +658,13 @@ func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAt
 	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
 		return m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
 	})
-	if errors.Is(err, ledger.ErrStale) && reason == fallback.ReasonConnect {
-		if w := (unsentWork{ref: att.Ref()}); !m.recordOne(w) {
-			m.unsent(w)
-		}
-		return nil, err
-	}
 	if err != nil && !errors.Is(err, ledger.ErrBlocked) {
 		m.cfg.Logger.Error("failure not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
-		if !answered(err) {
-			if reason == fallback.ReasonConnect {
+		connect := reason == fallback.ReasonConnect
+		switch {
+		case !answered(err):
+			if connect {
 				m.unsent(unsentWork{ref: att.Ref()})
 			} else {
 				m.unsent(unsentWork{ref: att.Ref(), failed: reason})
@@ -676,6 +672,8 @@ func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAt
 			if next != nil {
 				m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: att.JobID, AttemptID: next.ID}})
 			}
+		case connect && errors.Is(err, ledger.ErrStale):
+			m.unsent(unsentWork{ref: att.Ref()})
 		}
 		return nil, err
 	}

@@ -79,36 +79,32 @@ var (
 // emptySchema deletes the rows of every table of schema but its
 // migrations' records, so that the next schedule finds it as new.
 func emptySchema(t *testing.T, schema string) {
-	conn, err := pgx.Connect(context.Background(), server(t, "ONEJOB_TEST_POSTGRES"))
-	if err != nil {
-		t.Errorf("empty the schedule's schema: %v", err)
-		return
-	}
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(context.Background(), `DO $$ DECLARE t text; BEGIN
+	pgExec(t, "empty the schedule's schema", `DO $$ DECLARE t text; BEGIN
 		SELECT string_agg(format('%I.%I', schemaname, tablename), ', ') INTO t FROM pg_tables
 			WHERE schemaname = '`+schema+`' AND tablename NOT IN ('schema_migrations', 'schema_functions');
 		EXECUTE 'TRUNCATE ' || t;
 	END $$`)
-	if err != nil {
-		t.Errorf("empty the schedule's schema: %v", err)
-	}
 }
 
 // dropSchemas drops every schema a schedule used.
 func dropSchemas(t *testing.T) {
+	pgUsed.Range(func(schema, fn any) bool {
+		pgExec(t, "drop the schedules' schemas", fmt.Sprintf("DROP SCHEMA IF EXISTS %s, %s CASCADE", fn, schema))
+		return true
+	})
+}
+
+// pgExec runs sql on a connection of its own, failing t with what it did.
+func pgExec(t *testing.T, what, sql string) {
 	conn, err := pgx.Connect(context.Background(), server(t, "ONEJOB_TEST_POSTGRES"))
 	if err != nil {
-		t.Errorf("drop the schedules' schemas: %v", err)
+		t.Errorf("%s: %v", what, err)
 		return
 	}
 	defer conn.Close(context.Background())
-	pgUsed.Range(func(schema, fn any) bool {
-		if _, err := conn.Exec(context.Background(), fmt.Sprintf("DROP SCHEMA IF EXISTS %s, %s CASCADE", fn, schema)); err != nil {
-			t.Errorf("drop the schedules' schemas: %v", err)
-		}
-		return true
-	})
+	if _, err := conn.Exec(context.Background(), sql); err != nil {
+		t.Errorf("%s: %v", what, err)
+	}
 }
 
 // server returns the address of a test server; under the integration tag
