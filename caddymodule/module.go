@@ -350,28 +350,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // startReconciler runs the lookups of the providers that have one, until
 // the config is unloaded.
 func (h *Handler) startReconciler(ctx caddy.Context, l ledger.Ledger, obs *metrics) {
-	var lookups []*Provider
-	for _, p := range h.Providers {
-		if p.Lookup != nil {
-			lookups = append(lookups, p)
-		}
-	}
-	if len(lookups) == 0 {
+	ls := lookups(h.Providers, h.mw.Config().MaxResponseBody)
+	if len(ls) == 0 {
 		return
 	}
-	c := h.mw.Config()
-	rc := &reconciler{
-		ledger:    l,
-		scope:     h.scope,
-		providers: lookups,
-		every:     c.ReconcileEvery,
-		timeout:   c.AttemptTimeout,
-		max:       c.MaxResponseBody,
-		found:     h.mw.Found,
-		metrics:   obs,
-		logger:    h.logger.With(zap.String("scope", h.scope)),
-	}
-	rc.start(ctx)
+	rc := h.mw.Reconciler(ls)
+	rc.Ledger = l
+	rc.Reconciled = obs.Reconciled
+	rc.Logger = h.logger.With(zap.String("scope", h.scope))
+	go rc.Run(ctx)
 }
 
 // inFlightReject is the rule of in_flight, in JSON and in a Caddyfile:

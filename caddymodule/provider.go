@@ -56,10 +56,6 @@ type LookupConfig struct {
 	Absent []int `json:"absent,omitempty"`
 }
 
-// defaultAbsent is the status a lookup answers for an attempt the provider
-// never saw.
-var defaultAbsent = []int{http.StatusNotFound}
-
 // check is the rule a lookup is held to, in JSON and in a Caddyfile: a
 // method, a path (the lookup goes through the provider's handlers, in
 // process) and absent statuses that are final answers other than 2xx.
