@@ -4,11 +4,11 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 
 	"github.com/onejob/onejob/ledger"
-	"github.com/onejob/onejob/ledger/memory"
 )
 
 // Each mutant breaks one transition of a ledger the way a bug would; the
@@ -30,6 +30,16 @@ type (
 	dropsUnsent struct{ ledger.Ledger }
 	// mergesOwners reserves every owner's key in one namespace.
 	mergesOwners struct{ ledger.Ledger }
+	// forgetsCompletion acknowledges a completion it never recorded.
+	forgetsCompletion struct{ ledger.Ledger }
+	// remembersAnswers keeps, per instance, the answers it reserved and
+	// replays them when the store has none: a replay memory a purge does
+	// not reach.
+	remembersAnswers struct {
+		ledger.Ledger
+		mu   *sync.Mutex
+		done map[string]ledger.Reservation
+	}
 )
 
 func (m reopensUnknown) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
@@ -82,6 +92,26 @@ func (m mergesOwners) Find(ctx context.Context, _, key []byte) (*ledger.Job, err
 	return m.Ledger.Find(ctx, []byte("everyone"), key)
 }
 
+func (m forgetsCompletion) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
+	j, err := m.Ledger.Job(ctx, ref.JobID)
+	return ledger.Completion{Won: true, Job: j}, err
+}
+
+func (m remembersAnswers) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
+	r, err := m.Ledger.Reserve(ctx, p)
+	k := string(p.OwnerHash) + "\x00" + string(p.KeyHash)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err != nil:
+	case r.Outcome == ledger.Done:
+		m.done[k] = r
+	case r.Outcome == ledger.Created && m.done[k].Job != nil:
+		return m.done[k], nil
+	}
+	return r, err
+}
+
 // TestCheckerCatchesBrokenTransitions runs the first schedules against
 // each mutant until the checker reports the invariant it offends.
 func TestCheckerCatchesBrokenTransitions(t *testing.T) {
@@ -96,12 +126,16 @@ func TestCheckerCatchesBrokenTransitions(t *testing.T) {
 		{"lease", func(l ledger.Ledger) ledger.Ledger { return promisesLease{l} }},
 		{"unsent", func(l ledger.Ledger) ledger.Ledger { return dropsUnsent{l} }},
 		{"owner", func(l ledger.Ledger) ledger.Ledger { return mergesOwners{l} }},
+		{"durable", func(l ledger.Ledger) ledger.Ledger { return forgetsCompletion{l} }},
+		{"purged", func(l ledger.Ledger) ledger.Ledger {
+			return remembersAnswers{Ledger: l, mu: new(sync.Mutex), done: map[string]ledger.Reservation{}}
+		}},
 	} {
 		t.Run(m.invariant, func(t *testing.T) {
 			const limit = 300
 			for seed := int64(1); seed <= limit; seed++ {
 				var w *world
-				synctest.Test(t, func(t *testing.T) { w = run(t, virtual, memory.New(), m.mutate, seed) })
+				synctest.Test(t, func(t *testing.T) { w = run(t, virtual, stores[0], m.mutate, seed) })
 				for _, v := range w.check() {
 					if strings.HasPrefix(v, m.invariant+":") {
 						t.Logf("seed %d: %s", seed, v)

@@ -24,7 +24,7 @@ import (
 // again: migrating a new one costs more than a schedule); on Redis, under
 // a prefix of its own, deleted after it.
 var serverStores = []store{
-	{"postgres", func(t *testing.T, _ int64) ledger.Ledger {
+	{"postgres", func(t *testing.T, _ int64, _ func() time.Time) (ledger.Ledger, func() (ledger.Ledger, error)) {
 		schema := <-pgSchemas
 		l, err := postgres.Open(openContext(t), server(t, "ONEJOB_TEST_POSTGRES"), postgres.Options{Schema: schema})
 		if err != nil {
@@ -36,9 +36,9 @@ var serverStores = []store{
 			defer func() { pgSchemas <- schema }()
 			emptySchema(t, schema)
 		})
-		return l
+		return l, nil
 	}},
-	{"redis", func(t *testing.T, seed int64) ledger.Ledger {
+	{"redis", func(t *testing.T, seed int64, _ func() time.Time) (ledger.Ledger, func() (ledger.Ledger, error)) {
 		url := server(t, "ONEJOB_TEST_REDIS")
 		prefix := fmt.Sprintf("onejob-sim:%d:%d:", os.Getpid(), seed)
 		l, err := redis.Open(openContext(t), url, redis.Options{Prefix: prefix})
@@ -58,7 +58,7 @@ var serverStores = []store{
 				c.Del(ctx, it.Val())
 			}
 		})
-		return l
+		return l, nil
 	}},
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -72,21 +73,28 @@ var found = []int64{
 	5085138, 5569348, 5628105, // a hedge's later result won over the first, which the ledger had not taken
 }
 
-// store is a ledger the gateways of a schedule share: open returns a new
-// one for the schedule of seed.
+// store is a ledger the gateways of a schedule share.
 type store struct {
 	name string
-	open func(t *testing.T, seed int64) ledger.Ledger
+	// open returns a new store for the schedule of seed, on the clock now
+	// (a store on a server keeps its server's), and, for a store that
+	// lives in the gateways' process, reopen: the same store after a
+	// kill -9 of that process (nil: the store outlives the gateways).
+	open func(t *testing.T, seed int64, now func() time.Time) (l ledger.Ledger, reopen func() (ledger.Ledger, error))
 }
 
 var stores = []store{
-	{"memory", func(*testing.T, int64) ledger.Ledger { return memory.New() }},
-	{"file", func(t *testing.T, _ int64) ledger.Ledger {
-		l, err := file.Open(filepath.Join(memDir(t), "jobs"), file.Options{})
+	{"memory", func(_ *testing.T, _ int64, now func() time.Time) (ledger.Ledger, func() (ledger.Ledger, error)) {
+		return memory.New(memory.WithClock(now)), nil
+	}},
+	{"file", func(t *testing.T, _ int64, now func() time.Time) (ledger.Ledger, func() (ledger.Ledger, error)) {
+		dir := filepath.Join(memDir(t), "jobs")
+		open := func() (ledger.Ledger, error) { return file.Open(dir, file.Options{Now: now}) }
+		l, err := open()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return l
+		return l, open
 	}},
 }
 
@@ -145,9 +153,9 @@ const (
 func explore(t *testing.T, pace pace, s store, seed int64) bool {
 	var w *world
 	if pace == virtual {
-		synctest.Test(t, func(t *testing.T) { w = run(t, pace, s.open(t, seed), nil, seed) })
+		synctest.Test(t, func(t *testing.T) { w = run(t, pace, s, nil, seed) })
 	} else {
-		w = run(t, pace, s.open(t, seed), nil, seed)
+		w = run(t, pace, s, nil, seed)
 	}
 	v := w.check()
 	if *traceFlag || len(v) > 0 {
@@ -164,65 +172,65 @@ func explore(t *testing.T, pace pace, s store, seed int64) bool {
 	return len(v) == 0
 }
 
-// run plays the schedule of seed on store at pace (a virtual pace inside
-// a synctest bubble): the clients run to their end, then the links heal
-// and the world settles. When mutate is set, the gateways see the store
-// through it (a deliberately broken transition, to show the checker
-// catches what it breaks).
-func run(t *testing.T, pace pace, store ledger.Ledger, mutate func(ledger.Ledger) ledger.Ledger, seed int64) *world {
-	w := &world{seed: seed, pace: pace, start: time.Now(), effects: map[string][]string{}, received: map[string]bool{},
-		sentBy: map[string]string{}, gave: map[string][][]byte{}, jobIntent: map[string]string{}, cancelled: map[string]bool{}}
-	w.store = store
-	defer w.store.Close()
-	seen := store
-	if mutate != nil {
-		seen = mutate(store)
+// run plays the schedule of seed on a new store s at pace (a virtual
+// pace inside a synctest bubble): the clients run to their end, then the
+// links heal and the world settles. When mutate is set, the gateways see
+// the store through it (a deliberately broken transition, to show the
+// checker catches what it breaks).
+func run(t *testing.T, pace pace, s store, mutate func(ledger.Ledger) ledger.Ledger, seed int64) *world {
+	w := &world{seed: seed, pace: pace, start: time.Now(), mutate: mutate, effects: map[string][]effect{},
+		received: map[string]bool{}, sentBy: map[string]string{}, gave: map[string][][]byte{}, jobIntent: map[string]string{},
+		reserved: map[string]string{}, sentFrom: map[string]string{}, acked: map[string]ledger.Response{},
+		gone: map[string]bool{}, cancelled: map[string]bool{}}
+	if pace == virtual { // the store's clock, ahead of or behind the gateways'
+		w.offset = []time.Duration{0, 0, 0, 90 * time.Second, -90 * time.Second, 2 * time.Second, -2 * time.Second}[w.draw("offset")%7]
 	}
-	// The route of a schedule: plain, hedged (providers without side
-	// effects), or with a primary that deduplicates by the job id.
-	primary := &provider{w: w, name: "primary", done: map[string][]byte{}, running: map[string]bool{}}
-	fallback := &provider{w: w, name: "fallback"}
-	var hedgeAfter time.Duration
-	dedup := ""
-	switch w.draw("route") % 3 {
-	case 1:
-		w.hedged, hedgeAfter = true, w.dur(300*time.Millisecond)
-	case 2:
-		primary.dedup, dedup = true, proxy.DefaultKeyHeader
+	var reopen func() (ledger.Ledger, error)
+	w.store, reopen = s.open(t, seed, func() time.Time { return time.Now().Add(w.offset) })
+	defer func() { w.current().Close() }()
+
+	// Two routes on the one store, each naming its providers primary and
+	// fallback; each plain, hedged (providers without side effects) or
+	// with a primary that deduplicates by the job id; the second keys a
+	// request without a key by its fingerprint; lookups on either, both
+	// or neither.
+	lookups := w.draw("lookups") % 4
+	for i, name := range []string{"charges", "refunds"} {
+		r := &route{name: name, implicit: i == 1, lookups: lookups == uint64(i) || lookups == 2,
+			primary: newProvider(w, name, "primary"), fallback: newProvider(w, name, "fallback")}
+		switch w.draw("route", name) % 3 {
+		case 1:
+			r.hedged = true
+		case 2:
+			r.primary.dedup = true
+		}
+		w.routes = append(w.routes, r)
+		w.logf("route %s: hedged %v, primary deduplicates %v, implicit keys %v, lookups %v", name, r.hedged, r.primary.dedup,
+			r.implicit, r.lookups)
 	}
-	w.logf("route: hedge after %v, primary deduplicates by %q", hedgeAfter, dedup)
-	failoverOn, err := proxy.ParseFailoverOn([]string{"connect_error", "503"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mws := make([]*proxy.Middleware, gateways)
-	for g := range mws {
-		l := &link{Ledger: seen, w: w, name: "gw" + strconv.Itoa(g), calls: map[string]int{}}
-		mw, err := proxy.New(proxy.Config{
-			Ledger: l,
-			Scope:  "site",
-			Providers: []proxy.Provider{{Name: primary.name, Handler: primary, Deduplicates: dedup},
-				{Name: fallback.name, Handler: fallback}},
-			HedgeAfter:      hedgeAfter,
-			FailoverOn:      failoverOn,
-			AttemptTimeout:  w.dur(attemptTimeout),
-			AttemptDeadline: w.dur(attemptDeadline),
-			Retention:       time.Hour,
-			Logger:          w.logger(l.name),
-			Hold:            w.hold,
-		})
+	w.logf("the store's clock is %v off the gateways'", w.offset)
+	for g := range gateways {
+		gw, err := w.newGateway("gw"+strconv.Itoa(g), w.store)
 		if err != nil {
 			t.Fatal(err)
 		}
-		mws[g] = mw
+		w.gateways = append(w.gateways, gw)
 	}
+	all := slices.Clone(w.gateways)
+
 	var wg sync.WaitGroup
 	for i := range intents {
 		wg.Add(1)
-		go w.client(i, mws, &wg)
+		go w.client(i, &wg)
 	}
 	clientsDone, operatorDone := make(chan struct{}), make(chan struct{})
 	go func() { w.operator(clientsDone); close(operatorDone) }()
+	killed := pace == virtual && w.draw("kill")%4 == 0
+	if killed {
+		started := make(chan []*gateway)
+		go func() { started <- w.kill(reopen) }()
+		all = append(all, <-started...)
+	}
 	wg.Wait()
 	close(clientsDone)
 	<-operatorDone
@@ -231,8 +239,120 @@ func run(t *testing.T, pace pace, store ledger.Ledger, mutate func(ledger.Ledger
 	w.mu.Unlock()
 	w.logf("links healed")
 	w.settle()
+	for _, g := range all {
+		g.stop()
+		g.done.Wait()
+	}
+	if killed {
+		// What a killed gateway still runs (its never-sent queue, whose
+		// link never comes back) gives up after an hour; nothing it does
+		// reaches anything.
+		time.Sleep(time.Hour + time.Minute)
+	}
 	w.readJobs()
 	return w
+}
+
+// newGateway starts a gateway over store: a middleware per route, and a
+// reconciler per route whose providers answer lookups.
+func (w *world) newGateway(name string, store ledger.Ledger) (*gateway, error) {
+	seen := store
+	if w.mutate != nil {
+		seen = w.mutate(store)
+	}
+	g := &gateway{name: name, link: &link{Ledger: seen, w: w, name: name, calls: map[string]int{}}}
+	ctx, stop := context.WithCancel(context.Background())
+	g.stop = stop
+	failoverOn, err := proxy.ParseFailoverOn([]string{"connect_error", "503"})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range w.routes {
+		c := proxy.Config{
+			Ledger:          g.link,
+			Scope:           r.name,
+			Providers:       []proxy.Provider{{Name: r.primary.name, Handler: r.primary}, {Name: r.fallback.name, Handler: r.fallback}},
+			FailoverOn:      failoverOn,
+			AttemptTimeout:  w.dur(attemptTimeout),
+			AttemptDeadline: w.dur(attemptDeadline),
+			ReconcileEvery:  w.dur(reconcileEvery),
+			Retention:       24 * time.Hour,
+			IsConnectError:  connectError,
+			Logger:          w.logger(name),
+			Hold:            w.hold,
+		}
+		if r.hedged {
+			c.HedgeAfter = w.dur(300 * time.Millisecond)
+		}
+		if r.primary.dedup {
+			c.Providers[0].Deduplicates = proxy.DefaultKeyHeader
+		}
+		if r.implicit {
+			c.ImplicitKey = 24 * time.Hour
+		}
+		mw, err := proxy.New(c)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		g.mws = append(g.mws, mw)
+		if r.lookups {
+			rc := mw.Reconciler([]proxy.Lookup{{Provider: r.primary.name, Send: r.primary.lookup},
+				{Provider: r.fallback.name, Send: r.fallback.lookup}})
+			g.done.Add(1)
+			go func() { defer g.done.Done(); rc.Run(ctx) }()
+		}
+	}
+	return g, nil
+}
+
+// kill, at a time drawn from the seed, kills a gateway's process as
+// kill -9 does, and starts another in its place: with a store that lives
+// in that process (reopen), every gateway of it dies and the store is
+// reopened from its files; else one gateway dies and the store lives on.
+// It returns the gateways it started.
+func (w *world) kill(reopen func() (ledger.Ledger, error)) []*gateway {
+	time.Sleep(w.dur(time.Duration(500+w.draw("kill at")%8000) * time.Millisecond))
+	w.mu.Lock()
+	victims := w.gateways
+	if reopen == nil {
+		victims = victims[w.draw("victim")%uint64(len(victims)):][:1]
+	}
+	var alive []*gateway
+	for _, g := range w.gateways {
+		if !slices.Contains(victims, g) {
+			alive = append(alive, g)
+		}
+	}
+	for _, g := range victims {
+		g.link.kill()
+		g.stop()
+	}
+	store := w.store
+	w.mu.Unlock()
+	w.logf("kill -9: %d gateways die (store reopened: %v)", len(victims), reopen != nil)
+	if reopen != nil {
+		store.Close()
+		s, err := reopen()
+		if err != nil {
+			w.violation("world: the store does not open again after a kill -9: %v", err)
+			return nil
+		}
+		store = s
+	}
+	var started []*gateway
+	for _, v := range victims {
+		g, err := w.newGateway(v.name+"'", store)
+		if err != nil {
+			w.violation("world: %v", err)
+			continue
+		}
+		started = append(started, g)
+	}
+	w.mu.Lock()
+	w.store, w.gateways = store, append(alive, started...)
+	w.mu.Unlock()
+	return started
 }
 
 // settle lets the world run until nothing is left to happen: in virtual
@@ -279,7 +399,8 @@ func (f traceWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// readJobs reads every job a client was told of, as the world ends.
+// readJobs reads every job a client was told of, a provider saw or the
+// store acknowledged, as the world ends; a job a purge removed is gone.
 func (w *world) readJobs() {
 	jobs := map[string]bool{}
 	for _, a := range w.answers {
@@ -290,10 +411,22 @@ func (w *world) readJobs() {
 	for job := range w.jobIntent {
 		jobs[job] = true
 	}
+	for job := range w.reserved {
+		jobs[job] = true
+	}
+	purged := ""
+	if w.purged != "" {
+		purged = string(proxy.NewHasher(nil).Owner(w.purged))
+	}
+	store := w.current()
 	for id := range jobs {
-		j, err := w.store.Job(context.Background(), id)
+		j, err := store.Job(context.Background(), id)
+		if errors.Is(err, ledger.ErrNotFound) && purged != "" && w.reserved[id] == purged {
+			w.gone[id] = true
+			continue
+		}
 		if err != nil {
-			w.violation("world: job %s, which a client or provider saw, cannot be read: %v", id, err)
+			w.violation("world: job %s, which a client or provider saw or the store acknowledged, cannot be read: %v", id, err)
 			continue
 		}
 		w.final = append(w.final, j)
@@ -311,14 +444,32 @@ func (w *world) check() []string {
 	}
 
 	// At most one side effect per intent (a hedged route's providers have
-	// none: both may act).
-	decided := map[string]bool{} // intents whose job an operator cancelled
+	// none: both may act), unless an operator decided: a cancelled job
+	// may run again, and after a purge the owner's key is a new intent
+	// (one side effect per job, then).
+	decided := map[string]bool{}
 	for job := range w.cancelled {
 		decided[w.jobIntent[job]] = true
 	}
 	for intent, acts := range w.effects {
-		if len(acts) > 1 && !w.hedged && !decided[intent] {
-			v = append(v, fmt.Sprintf("once: intent %s acted %d times: %v", intent, len(acts), acts))
+		if w.routeOf(intent).hedged || decided[intent] {
+			continue
+		}
+		perJob := map[string][]string{}
+		all := make([]string, len(acts))
+		purged := false
+		for i, e := range acts {
+			perJob[e.job] = append(perJob[e.job], e.where)
+			all[i] = e.where
+			purged = purged || w.gone[e.job]
+		}
+		if !purged && len(acts) > 1 {
+			v = append(v, fmt.Sprintf("once: intent %s acted %d times: %v", intent, len(acts), all))
+		}
+		for job, where := range perJob {
+			if purged && len(where) > 1 {
+				v = append(v, fmt.Sprintf("once: job %s of intent %s acted %d times: %v", job, intent, len(where), where))
+			}
 		}
 	}
 
@@ -332,8 +483,16 @@ func (w *world) check() []string {
 			continue
 		}
 		// No answer crosses owners or intents.
-		if s.Intent != a.intent || !strings.HasPrefix(a.intent, s.Owner+"/") {
+		if s.Intent != a.intent || ownerOf(a.intent) != s.Owner {
 			v = append(v, fmt.Sprintf("owner: request %s of %s got the answer of %s (owner %s)", a.request, a.intent, s.Intent, s.Owner))
+		}
+		// A purged owner's answers are replayed by no instance.
+		if w.gone[a.job] {
+			if a.replayed && a.sent.After(w.purgedAt) {
+				v = append(v, fmt.Sprintf("purged: request %s, sent after %s was purged, got a replay of job %s, which the purge removed",
+					a.request, w.purged, a.job))
+			}
+			continue
 		}
 		// Replayed exactly when the request did not produce the answer: a
 		// relayed answer (not replayed) is one a provider gave an attempt
@@ -379,19 +538,41 @@ func (w *world) check() []string {
 		}
 	}
 
+	// Nothing the store acknowledged is lost, across a kill -9 too.
+	for id, resp := range w.acked {
+		j := byID[id]
+		switch {
+		case w.gone[id]:
+		case j == nil:
+			v = append(v, fmt.Sprintf("durable: job %s, whose completion the store acknowledged, is lost", id))
+		case j.State != ledger.JobCompleted || j.Response == nil || j.Response.Status != resp.Status ||
+			(resp.Stored && !bytes.Equal(j.Response.Body, resp.Body)):
+			v = append(v, fmt.Sprintf("durable: job %s completed with %d %s, acknowledged; now %s %+v", id, resp.Status, resp.Body, j.State, j.Response))
+		}
+	}
+
 	for _, j := range w.final {
-		acted := len(w.effects[w.jobIntent[j.ID]]) > 0
+		acted := slices.ContainsFunc(w.effects[w.jobIntent[j.ID]], func(e effect) bool { return e.job == j.ID })
 		for _, a := range j.Attempts {
 			ref := j.ID + "/" + strconv.Itoa(a.Number)
-			// An attempt never sent ends failed once the link is back.
-			if !w.received[ref] && (a.State == ledger.AttemptUnknown || a.State == ledger.AttemptStarting) {
+			// An attempt never sent ends failed once the link is back (a
+			// killed gateway's link never is: its lease makes it unknown).
+			if g := w.sentFrom[ref]; !w.received[ref] && (a.State == ledger.AttemptUnknown || a.State == ledger.AttemptStarting) &&
+				(g == "" || w.gateway(g) != nil) {
 				v = append(v, fmt.Sprintf("unsent: attempt %s was never sent but is %s", ref, a.State))
 			}
 		}
 		// No job fails while a provider acted for it.
-		if j.State == ledger.JobFailed && acted && !w.hedged && !w.cancelled[j.ID] {
+		if r := w.routeOf(w.jobIntent[j.ID]); j.State == ledger.JobFailed && acted && !r.hedged && !w.cancelled[j.ID] {
 			v = append(v, fmt.Sprintf("acted: job %s is failed, but a provider acted for it: %v", j.ID, w.effects[w.jobIntent[j.ID]]))
 		}
 	}
 	return v
+}
+
+// ownerOf returns the owner of intent ("route/owner/key").
+func ownerOf(intent string) string {
+	_, rest, _ := strings.Cut(intent, "/")
+	owner, _, _ := strings.Cut(rest, "/")
+	return owner
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +30,8 @@ const (
 	maxTries        = 5 // requests one client sends for its intent at most
 	attemptTimeout  = time.Second
 	attemptDeadline = 5 * time.Second
+	reconcileEvery  = 15 * time.Second
+	lateRetry       = 45 * time.Second // a client's last try, now and then: after lookups settled its job
 	// settleTime is how long the world runs after its clients are done and
 	// its links healed: past every lease and every never-sent queue's pause.
 	settleTime = 10 * time.Minute
@@ -57,27 +61,75 @@ var (
 )
 
 // world is one schedule: the shared store, the gateways and their links,
-// the providers, and what everyone saw, for the checker.
+// the routes and their providers, and what everyone saw, for the checker.
 type world struct {
-	seed  int64
-	pace  pace
-	start time.Time
-	store ledger.Ledger
+	seed   int64
+	pace   pace
+	start  time.Time
+	offset time.Duration // the store's clock minus the gateways' (a store on a server keeps its own)
+	routes []*route
+	reopen func() ledger.Ledger            // the store after a kill -9 of its process; nil: it outlives the gateways
+	mutate func(ledger.Ledger) ledger.Ledger // how the gateways see the store (a mutant), or nil
 
 	mu        sync.Mutex
+	store     ledger.Ledger
+	gateways  []*gateway // the live ones
 	healed    bool
 	trace     []string
-	effects   map[string][]string // intent: the attempts that acted ("job/number")
+	effects   map[string][]effect // intent: the attempts that acted
 	received  map[string]bool     // "job/number": a provider received the attempt
 	sentBy    map[string]string   // "job/number": the client request that carried it
 	gave      map[string][][]byte // client request: the answers providers gave its attempts
-	hedged    bool                // the route hedges: its providers have no side effects
 	answers   []answer            // every client's answer
 	noted     []string            // violations seen while the world ran (lease:, world:)
 	jobIntent map[string]string   // job id: intent
+	reserved  map[string]string   // jobs whose reservation the store acknowledged: their owner's hash
+	sentFrom  map[string]string   // "job/number": the gateway that started the attempt
+	acked     map[string]ledger.Response // job: the answer whose completion the store acknowledged as the winner's
 	final     []*ledger.Job       // every job, as the world ended
+	gone      map[string]bool     // jobs a purge removed
 	cancelled map[string]bool     // jobs an operator cancelled: what they decided stands
+	purged    string              // the owner an operator purged, if any
+	purgedAt  time.Time           // when that purge returned
 	holds     int                 // attempts and never-sent queues running in the gateways
+}
+
+// route is one handler on the shared store. Every route names its
+// providers primary and fallback: the names are the handler's own, and
+// two routes' providers of one name are different upstreams.
+type route struct {
+	name              string // its path and its scope
+	hedged            bool   // it hedges: its providers have no side effects
+	implicit          bool   // a request without a key is keyed by its fingerprint
+	lookups           bool   // its providers answer lookups, which its reconcilers send
+	primary, fallback *provider
+}
+
+// routeOf returns the route of intent ("route/owner/key").
+func (w *world) routeOf(intent string) *route {
+	name, _, _ := strings.Cut(intent, "/")
+	for _, r := range w.routes {
+		if r.name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// effect is one attempt that acted at a provider.
+type effect struct {
+	job   string
+	where string // "job/number at route/provider"
+}
+
+// gateway is one instance: a middleware per route over its link, and the
+// reconcilers of the routes whose providers answer lookups.
+type gateway struct {
+	name string
+	link *link
+	mws  []*proxy.Middleware // by route
+	stop context.CancelFunc  // ends its reconcilers
+	done sync.WaitGroup
 }
 
 // dur returns how long d of the schedule lasts at the world's pace.
@@ -102,6 +154,7 @@ func (w *world) hold() (release func()) {
 // answer is what one client request got.
 type answer struct {
 	intent, request string
+	sent            time.Time // when the client sent the request
 	status          int
 	job             string
 	replayed        bool
@@ -139,6 +192,7 @@ var (
 	errRefused   = errors.New("link: connection refused")
 	errReplyLost = errors.New("link: reply lost")
 	errDown      = errors.New("link: down")
+	errDead      = errors.New("link: the gateway's process was killed")
 )
 
 // link is one gateway's connection to the shared store: per call it may
@@ -152,6 +206,31 @@ type link struct {
 	mu    sync.Mutex
 	calls map[string]int
 	down  time.Time // the link is down until then
+	dead  bool      // its gateway was killed: nothing it sends reaches anything
+}
+
+// kill ends the link's gateway as a kill -9 of its process does.
+func (l *link) kill() {
+	l.mu.Lock()
+	l.dead = true
+	l.mu.Unlock()
+}
+
+// started notes that the link's gateway started attempt a (if any): its
+// never-sent record is this gateway's to make.
+func (l *link) started(a *ledger.Attempt) {
+	if a == nil || a.JobID == "" {
+		return
+	}
+	l.w.mu.Lock()
+	l.w.sentFrom[a.JobID+"/"+strconv.Itoa(a.Number)] = l.name
+	l.w.mu.Unlock()
+}
+
+func (l *link) isDead() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dead
 }
 
 // do runs call across the link.
@@ -160,8 +239,11 @@ func linkDo[T any](l *link, ctx context.Context, op string, call func(context.Co
 	l.mu.Lock()
 	n := l.calls[op]
 	l.calls[op]++
-	down := time.Now().Before(l.down)
+	down, dead := time.Now().Before(l.down), l.dead
 	l.mu.Unlock()
+	if dead {
+		return zero, errDead
+	}
 	l.w.mu.Lock()
 	healed := l.w.healed
 	l.w.mu.Unlock()
@@ -204,19 +286,46 @@ func linkDo[T any](l *link, ctx context.Context, op string, call func(context.Co
 }
 
 func (l *link) Reserve(ctx context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
-	return linkDo(l, ctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) { return l.Ledger.Reserve(ctx, p) })
+	return linkDo(l, ctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) {
+		r, err := l.Ledger.Reserve(ctx, p)
+		if err == nil {
+			l.w.mu.Lock()
+			l.w.reserved[r.Job.ID] = string(p.OwnerHash)
+			l.w.mu.Unlock()
+			if r.Outcome == ledger.Created || r.Outcome == ledger.Reopened {
+				l.started(r.Attempt)
+			}
+		}
+		return r, err
+	})
 }
 
 func (l *link) Hedge(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
-	return linkDo(l, ctx, "hedge", func(ctx context.Context) (ledger.Attempt, error) { return l.Ledger.Hedge(ctx, ref, next) })
+	return linkDo(l, ctx, "hedge", func(ctx context.Context) (ledger.Attempt, error) {
+		a, err := l.Ledger.Hedge(ctx, ref, next)
+		l.started(&a)
+		return a, err
+	})
 }
 
 func (l *link) Resend(ctx context.Context, ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
-	return linkDo(l, ctx, "resend", func(ctx context.Context) (ledger.Attempt, error) { return l.Ledger.Resend(ctx, ref, next) })
+	return linkDo(l, ctx, "resend", func(ctx context.Context) (ledger.Attempt, error) {
+		a, err := l.Ledger.Resend(ctx, ref, next)
+		l.started(&a)
+		return a, err
+	})
 }
 
 func (l *link) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.Response) (ledger.Completion, error) {
-	return linkDo(l, ctx, "complete", func(ctx context.Context) (ledger.Completion, error) { return l.Ledger.Complete(ctx, ref, resp) })
+	return linkDo(l, ctx, "complete", func(ctx context.Context) (ledger.Completion, error) {
+		c, err := l.Ledger.Complete(ctx, ref, resp)
+		if err == nil && c.Won {
+			l.w.mu.Lock()
+			l.w.acked[ref.JobID] = resp
+			l.w.mu.Unlock()
+		}
+		return c, err
+	})
 }
 
 func (l *link) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte, size int64, stored bool) error {
@@ -227,7 +336,11 @@ func (l *link) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byte,
 }
 
 func (l *link) Fail(ctx context.Context, ref ledger.AttemptRef, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
-	return linkDo(l, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) { return l.Ledger.Fail(ctx, ref, reason, next) })
+	return linkDo(l, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
+		a, err := l.Ledger.Fail(ctx, ref, reason, next)
+		l.started(a)
+		return a, err
+	})
 }
 
 func (l *link) Unsent(ctx context.Context, ref ledger.AttemptRef) error {
@@ -254,23 +367,47 @@ func (l *link) Wait(ctx context.Context, id string) (*ledger.Job, error) {
 	return linkDo(l, ctx, "wait", func(ctx context.Context) (*ledger.Job, error) { return l.Ledger.Wait(ctx, id) })
 }
 
+func (l *link) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, error) {
+	return linkDo(l, ctx, "jobs", func(ctx context.Context) (ledger.JobPage, error) { return l.Ledger.Jobs(ctx, q) })
+}
+
+func (l *link) ClaimLookup(ctx context.Context, ref ledger.AttemptRef, holder string, lease time.Duration) (*ledger.Job, error) {
+	return linkDo(l, ctx, "claim_lookup", func(ctx context.Context) (*ledger.Job, error) {
+		return l.Ledger.ClaimLookup(ctx, ref, holder, lease)
+	})
+}
+
+func (l *link) SettleLookup(ctx context.Context, ref ledger.AttemptRef, holder string, r ledger.LookupResult) (*ledger.Job, error) {
+	return linkDo(l, ctx, "settle_lookup", func(ctx context.Context) (*ledger.Job, error) {
+		return l.Ledger.SettleLookup(ctx, ref, holder, r)
+	})
+}
+
 // Close leaves the store to the world.
 func (l *link) Close() error { return nil }
 
 // --- the providers ----------------------------------------------------------
 
-// provider is one upstream, shared by every gateway. What it does with
-// attempt n of an intent is drawn from the seed.
+// provider is one upstream of one route, shared by every gateway. What it
+// does with attempt n of an intent is drawn from the seed.
 type provider struct {
-	w    *world
-	name string
+	w     *world
+	route string
+	name  string
 	// dedup: the provider honours the job id the gateway sends (in
 	// Idempotency-Key) as its own key: it acts once per job, answers a
 	// job whose work runs 409, and a job done with the answer it stored.
 	dedup   bool
 	mu      sync.Mutex
-	done    map[string][]byte
+	done    map[string][]byte // by job, when it deduplicates
 	running map[string]bool
+	acted   map[string][]byte // "job/number": the answer of an attempt it acted on
+	looked  map[string]int    // "job/number": lookups answered
+}
+
+func newProvider(w *world, route, name string) *provider {
+	return &provider{w: w, route: route, name: name, done: map[string][]byte{}, running: map[string]bool{},
+		acted: map[string][]byte{}, looked: map[string]int{}}
 }
 
 // sent is the body a provider answers with: who asked, for what, which
@@ -291,6 +428,7 @@ func (p *provider) answer(rw http.ResponseWriter, r *http.Request, body []byte) 
 	p.w.mu.Lock()
 	p.w.gave[req] = append(p.w.gave[req], body)
 	p.w.mu.Unlock()
+	rw.Header().Set("Content-Type", "application/json")
 	rw.WriteHeader(http.StatusCreated)
 	_, err := rw.Write(body)
 	return err
@@ -302,12 +440,16 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	n, _ := strconv.Atoi(r.Header.Get(proxy.HeaderAttempt))
 	intent := r.Header.Get("X-Sim-Intent")
 	attempt := job + "/" + strconv.Itoa(n)
+	at := p.route + "/" + p.name
+	if w.gateway(r.Header.Get("X-Sim-Gateway")) == nil { // killed: what it sends reaches no one
+		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("the gateway's process was killed")}
+	}
 	w.mu.Lock()
 	w.jobIntent[job] = intent
 	w.mu.Unlock()
-	x := w.draw("provider", p.name, intent, n) % 100
-	if x >= 90 { // the dial fails: the request never reaches the provider
-		w.logf("%s %s: connection refused", p.name, attempt)
+	x := w.draw("provider", at, intent, n) % 100
+	if x >= 95 { // the dial fails: the request never reaches the provider
+		w.logf("%s %s: connection refused", at, attempt)
 		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	}
 	w.mu.Lock()
@@ -325,10 +467,10 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 		p.mu.Unlock()
 		switch {
 		case done:
-			w.logf("%s %s: already done, answers as it did", p.name, attempt)
+			w.logf("%s %s: already done, answers as it did", at, attempt)
 			return p.answer(rw, r, body)
 		case running:
-			w.logf("%s %s: still running (409)", p.name, attempt)
+			w.logf("%s %s: still running (409)", at, attempt)
 			rw.WriteHeader(http.StatusConflict)
 			return nil
 		}
@@ -340,16 +482,17 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	}
 
 	body, _ := json.Marshal(sent{Intent: intent, Owner: r.Header.Get("Authorization"), Request: r.Header.Get("X-Sim-Request"),
-		Job: job, Attempt: n, Provider: p.name})
+		Job: job, Attempt: n, Provider: at})
 	act := func() {
 		w.mu.Lock()
-		w.effects[intent] = append(w.effects[intent], attempt+" at "+p.name)
+		w.effects[intent] = append(w.effects[intent], effect{job: job, where: attempt + " at " + at})
 		w.mu.Unlock()
+		p.mu.Lock()
+		p.acted[attempt] = body
 		if p.dedup {
-			p.mu.Lock()
 			p.done[job] = body
-			p.mu.Unlock()
 		}
+		p.mu.Unlock()
 	}
 	wait := func(d time.Duration) bool {
 		t := time.NewTimer(w.dur(d))
@@ -366,48 +509,101 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	case x < 50: // acts, answers after a while
 		d := []time.Duration{0, 100 * time.Millisecond, 800 * time.Millisecond, 1500 * time.Millisecond}[x%4]
 		act()
-		w.logf("%s %s: acts, answers in %v", p.name, attempt, d)
+		w.logf("%s %s: acts, answers in %v", at, attempt, d)
 		if !wait(d) {
 			return r.Context().Err()
 		}
-		rw.Header().Set("Content-Type", "application/json")
 		return p.answer(rw, r, body)
 	case x < 60: // refuses before acting
-		w.logf("%s %s: refuses (503)", p.name, attempt)
+		w.logf("%s %s: refuses (503)", at, attempt)
 		rw.WriteHeader(http.StatusServiceUnavailable)
 		return nil
 	case x < 70: // never answers, never acts
-		w.logf("%s %s: hangs", p.name, attempt)
+		w.logf("%s %s: hangs", at, attempt)
 		<-r.Context().Done()
 		return r.Context().Err()
 	case x < 80: // acts, then the connection breaks
 		act()
-		w.logf("%s %s: acts, connection breaks", p.name, attempt)
+		w.logf("%s %s: acts, connection breaks", at, attempt)
 		return errors.New("read tcp: connection reset by peer")
-	default: // acts, answers past the deadline
+	case x < 90: // acts, answers past the deadline
 		act()
-		w.logf("%s %s: acts, answers past the deadline", p.name, attempt)
+		w.logf("%s %s: acts, answers past the deadline", at, attempt)
 		if !wait(2 * attemptDeadline) {
 			return r.Context().Err()
 		}
 		return p.answer(rw, r, body)
+	default: // the request was written, then the TLS layer fails: acted or not, the gateway cannot know
+		if trace := httptrace.ContextClientTrace(r.Context()); trace != nil && trace.WroteHeaders != nil {
+			trace.WroteHeaders()
+		}
+		if x%2 == 0 {
+			act()
+		}
+		w.logf("%s %s: request written, then a TLS alert (acted: %v)", at, attempt, x%2 == 0)
+		return &net.OpError{Op: "remote error", Net: "tcp", Err: tls.AlertError(20)} // bad_record_mac
 	}
 }
 
+// lookup answers the reconciler's lookup of attempt a as the provider
+// knows it: the answer it gave if it acted (per job, if it deduplicates),
+// 404 if it never did; or, drawn from the seed, slowly (past the
+// lookup's bound) or with a 500 that says nothing.
+func (p *provider) lookup(ctx context.Context, a *ledger.Attempt) (int, http.Header, []byte, error) {
+	ref := a.JobID + "/" + strconv.Itoa(a.Number)
+	p.w.mu.Lock()
+	intent := p.w.jobIntent[a.JobID]
+	p.w.mu.Unlock()
+	p.mu.Lock()
+	try := p.looked[ref]
+	p.looked[ref]++
+	body, acted := p.acted[ref]
+	if p.dedup {
+		body, acted = p.done[a.JobID]
+	}
+	p.mu.Unlock()
+	at := p.route + "/" + p.name
+	switch x := p.w.draw("lookup", at, intent, a.Number, try) % 10; {
+	case x < 2:
+		p.w.logf("%s lookup of %s: slow", at, ref)
+		<-ctx.Done()
+		return 0, nil, nil, ctx.Err()
+	case x < 4:
+		p.w.logf("%s lookup of %s: 500", at, ref)
+		return http.StatusInternalServerError, nil, nil, nil
+	case acted:
+		p.w.logf("%s lookup of %s: found", at, ref)
+		return http.StatusCreated, http.Header{"Content-Type": {"application/json"}}, body, nil
+	}
+	p.w.logf("%s lookup of %s: absent (404)", at, ref)
+	return http.StatusNotFound, nil, nil, nil
+}
+
 // checkLease records an attempt that arrived after its lease ran out by
-// the ledger's clock (give or take the pace's transit).
+// the store's clock (give or take the pace's transit).
 func (p *provider) checkLease(job string, n int) {
-	arrived := time.Now()
-	j, err := p.w.store.Job(context.Background(), job)
+	arrived := time.Now().Add(p.w.offset)
+	j, err := p.w.current().Job(context.Background(), job)
 	if err != nil {
-		p.w.violation("world: attempt %s/%d arrived at %s but its job cannot be read: %v", job, n, p.name, err)
+		p.w.violation("world: attempt %s/%d arrived at %s/%s but its job cannot be read: %v", job, n, p.route, p.name, err)
 		return
 	}
 	for _, a := range j.Attempts {
 		if late := arrived.Sub(a.Deadline); a.Number == n && late >= p.w.pace.transit {
-			p.w.violation("lease: attempt %s/%d arrived at %s %v after its lease ran out", job, n, p.name, late)
+			p.w.violation("lease: attempt %s/%d arrived at %s/%s %v after its lease ran out", job, n, p.route, p.name, late)
 		}
 	}
+}
+
+// connectError is the gateway's rule of a request that never left, as
+// caddymodule's: a dial error or a TLS failure (whether it left is
+// decided by what was written first).
+func connectError(err error) bool {
+	var (
+		op *net.OpError
+		ae tls.AlertError
+	)
+	return errors.As(err, &ae) || (errors.As(err, &op) && op.Op == "dial")
 }
 
 func (w *world) violation(format string, args ...any) {
@@ -417,11 +613,32 @@ func (w *world) violation(format string, args ...any) {
 	w.mu.Unlock()
 }
 
+// current returns the store as it is now (a kill -9 reopens it).
+func (w *world) current() ledger.Ledger {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.store
+}
+
+// gateway returns the live gateway of name, nil if it was killed.
+func (w *world) gateway(name string) *gateway {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, g := range w.gateways {
+		if g.name == name {
+			return g
+		}
+	}
+	return nil
+}
+
 // --- the operator -----------------------------------------------------------
 
 // operator looks at the jobs now and then while the clients run, and
-// cancels an unknown one, as the admin API's resolve does.
+// cancels an unknown one, as the admin API's resolve does; once in a
+// while it purges an owner, as the admin API's purge does.
 func (w *world) operator(done <-chan struct{}) {
+	purge := w.draw("purge")%3 == 0
 	for round := 0; ; round++ {
 		t := time.NewTimer(w.dur(time.Duration(500+w.draw("operator", round)%4000) * time.Millisecond))
 		select {
@@ -430,12 +647,25 @@ func (w *world) operator(done <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		page, err := w.store.Jobs(context.Background(), ledger.JobQuery{State: ledger.JobUnknown})
+		store := w.current()
+		if purge && w.draw("purge", round)%4 == 0 {
+			purge = false
+			owner := owners[w.draw("purged")%2]
+			st, err := store.(ledger.Purger).Purge(context.Background(), proxy.NewHasher(nil).Owner(owner))
+			if err == nil {
+				w.mu.Lock()
+				w.purged, w.purgedAt = owner, time.Now()
+				w.mu.Unlock()
+			}
+			w.logf("operator purges %s: %+v %v", owner, st, err)
+			continue
+		}
+		page, err := store.Jobs(context.Background(), ledger.JobQuery{State: ledger.JobUnknown})
 		if err != nil || len(page.Jobs) == 0 || w.draw("cancel", round)%3 != 0 {
 			continue
 		}
 		j := page.Jobs[w.draw("which", round)%uint64(len(page.Jobs))]
-		if _, err := w.store.Resolve(context.Background(), j.ID, ledger.Resolution{Cancel: true}); err == nil {
+		if _, err := store.Resolve(context.Background(), j.ID, ledger.Resolution{Cancel: true}); err == nil {
 			w.mu.Lock()
 			w.cancelled[j.ID] = true
 			w.mu.Unlock()
@@ -446,14 +676,17 @@ func (w *world) operator(done <-chan struct{}) {
 
 // --- the clients ------------------------------------------------------------
 
+var owners = []string{"alice", "bob"}
+
 // client sends the requests of one intent until one is answered with the
 // provider's answer, or it runs out of tries.
-func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
+func (w *world) client(i int, wg *sync.WaitGroup) {
 	defer wg.Done()
-	owner := []string{"alice", "bob"}[w.draw("owner", i)%2]
+	rt := int(w.draw("route", i) % uint64(len(w.routes)))
+	route := w.routes[rt]
+	owner := owners[w.draw("owner", i)%2]
 	k := w.draw("key", i) % 4
 	key := fmt.Sprintf("key-%d", k) // the same key for two owners, now and then
-	intent := owner + "/" + key
 	// Most bodies are the key's, the same for both owners (so a mix-up of
 	// owners would show); the others are the client's own, and a second
 	// client of one owner and key is then a mismatch, not a second charge.
@@ -461,28 +694,44 @@ func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 	if w.draw("body", i)%3 == 0 {
 		body = fmt.Sprintf(`{"amount":%d}`, 1000+i)
 	}
+	if route.implicit && w.draw("implicit", i)%2 == 0 {
+		key = "" // keyed by its fingerprint: one intent per owner and body
+	}
+	intent := route.name + "/" + owner + "/" + key
+	if key == "" {
+		intent += "~" + body
+	}
 	start := time.Duration(w.draw("start", i)%2000) * time.Millisecond
 	time.Sleep(w.dur(start))
 	var dup sync.WaitGroup
 	for try := range maxTries {
 		send := func(req string) answer {
-			g := w.draw("gateway", i, req) % uint64(len(mws))
-			r := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(body))
-			r.Header.Set(proxy.DefaultKeyHeader, key)
+			gws := w.live()
+			gw := gws[w.draw("gateway", i, req)%uint64(len(gws))]
+			r := httptest.NewRequest(http.MethodPost, "/"+route.name, strings.NewReader(body))
+			if key != "" {
+				r.Header.Set(proxy.DefaultKeyHeader, key)
+			}
 			r.Header.Set("Authorization", owner)
 			r.Header.Set("X-Sim-Intent", intent)
 			r.Header.Set("X-Sim-Request", req)
+			r.Header.Set("X-Sim-Gateway", gw.name)
 			if x := w.draw("prefer", req) % 8; x < 2 { // Prefer: wait=0 or wait=3 (in whole seconds at any pace)
 				wait := w.dur(time.Duration(3*x) * time.Second)
 				r.Header.Set("Prefer", fmt.Sprintf("wait=%d", int(math.Ceil(wait.Seconds()))))
 			}
+			a := answer{intent: intent, request: req, sent: time.Now()}
 			rec := httptest.NewRecorder()
-			if err := mws[g].ServeHTTP(rec, r, noNext); err != nil {
+			if err := gw.mws[rt].ServeHTTP(rec, r, noNext); err != nil {
 				w.violation("world: request %s: the middleware returned %v", req, err)
 			}
-			a := answer{intent: intent, request: req, status: rec.Code, job: rec.Header().Get(proxy.HeaderJobID),
-				replayed: rec.Header().Get(proxy.HeaderReplayed) == "true", body: rec.Body.Bytes()}
-			w.logf("client %s %s via gw%d: %d replayed=%v %s", intent, req, g, a.status, a.replayed, strings.TrimSpace(string(a.body)))
+			if gw.link.isDead() { // the connection broke with the process: no answer
+				w.logf("client %s %s via %s: the gateway was killed", intent, req, gw.name)
+				return a
+			}
+			a.status, a.job, a.body = rec.Code, rec.Header().Get(proxy.HeaderJobID), rec.Body.Bytes()
+			a.replayed = rec.Header().Get(proxy.HeaderReplayed) == "true"
+			w.logf("client %s %s via %s: %d replayed=%v %s", intent, req, gw.name, a.status, a.replayed, strings.TrimSpace(string(a.body)))
 			w.mu.Lock()
 			w.answers = append(w.answers, a)
 			w.mu.Unlock()
@@ -500,9 +749,20 @@ func (w *world) client(i int, mws []*proxy.Middleware, wg *sync.WaitGroup) {
 		if a.status == http.StatusUnprocessableEntity { // a mismatch: another body has the key
 			break
 		}
-		time.Sleep(w.dur(time.Duration(100+w.draw("jitter", i, try)%3000) * time.Millisecond))
+		pause := time.Duration(100+w.draw("jitter", i, try)%3000) * time.Millisecond
+		if try == maxTries-2 && w.draw("late", i)%3 == 0 {
+			pause = lateRetry
+		}
+		time.Sleep(w.dur(pause))
 	}
 	dup.Wait()
+}
+
+// live returns the gateways alive now.
+func (w *world) live() []*gateway {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gateways
 }
 
 // noNext is the next handler: never called, every route has providers.
