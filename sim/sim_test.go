@@ -425,8 +425,12 @@ func (w *world) readJobs() {
 			w.gone[id] = true
 			continue
 		}
+		if _, acked := w.reserved[id]; acked && errors.Is(err, ledger.ErrNotFound) {
+			w.violation("durable: job %s, whose reservation the store acknowledged, is lost", id)
+			continue
+		}
 		if err != nil {
-			w.violation("world: job %s, which a client or provider saw or the store acknowledged, cannot be read: %v", id, err)
+			w.violation("world: job %s, which a client or provider saw, cannot be read: %v", id, err)
 			continue
 		}
 		w.final = append(w.final, j)

@@ -68,7 +68,7 @@ type world struct {
 	start  time.Time
 	offset time.Duration // the store's clock minus the gateways' (a store on a server keeps its own)
 	routes []*route
-	reopen func() ledger.Ledger            // the store after a kill -9 of its process; nil: it outlives the gateways
+	reopen func() ledger.Ledger              // the store after a kill -9 of its process; nil: it outlives the gateways
 	mutate func(ledger.Ledger) ledger.Ledger // how the gateways see the store (a mutant), or nil
 
 	mu        sync.Mutex
@@ -76,22 +76,22 @@ type world struct {
 	gateways  []*gateway // the live ones
 	healed    bool
 	trace     []string
-	effects   map[string][]effect // intent: the attempts that acted
-	received  map[string]bool     // "job/number": a provider received the attempt
-	sentBy    map[string]string   // "job/number": the client request that carried it
-	gave      map[string][][]byte // client request: the answers providers gave its attempts
-	answers   []answer            // every client's answer
-	noted     []string            // violations seen while the world ran (lease:, world:)
-	jobIntent map[string]string   // job id: intent
-	reserved  map[string]string   // jobs whose reservation the store acknowledged: their owner's hash
-	sentFrom  map[string]string   // "job/number": the gateway that started the attempt
+	effects   map[string][]effect        // intent: the attempts that acted
+	received  map[string]bool            // "job/number": a provider received the attempt
+	sentBy    map[string]string          // "job/number": the client request that carried it
+	gave      map[string][][]byte        // client request: the answers providers gave its attempts
+	answers   []answer                   // every client's answer
+	noted     []string                   // violations seen while the world ran (lease:, world:)
+	jobIntent map[string]string          // job id: intent
+	reserved  map[string]string          // jobs whose reservation the store acknowledged: their owner's hash
+	sentFrom  map[string]string          // "job/number": the gateway that started the attempt
 	acked     map[string]ledger.Response // job: the answer whose completion the store acknowledged as the winner's
-	final     []*ledger.Job       // every job, as the world ended
-	gone      map[string]bool     // jobs a purge removed
-	cancelled map[string]bool     // jobs an operator cancelled: what they decided stands
-	purged    string              // the owner an operator purged, if any
-	purgedAt  time.Time           // when that purge returned
-	holds     int                 // attempts and never-sent queues running in the gateways
+	final     []*ledger.Job              // every job, as the world ended
+	gone      map[string]bool            // jobs a purge removed
+	cancelled map[string]bool            // jobs an operator cancelled: what they decided stands
+	purged    string                     // the owner an operator purged, if any
+	purgedAt  time.Time                  // when that purge returned
+	holds     int                        // attempts and never-sent queues running in the gateways
 }
 
 // route is one handler on the shared store. Every route names its
