@@ -153,9 +153,10 @@ func lookupDue(j *ledger.Job, a *ledger.Attempt) bool {
 func (rc *Reconciler) reconcile(ctx context.Context, p *Lookup, a *ledger.Attempt) {
 	holder := ledger.NewID()
 	ref := a.Ref()
-	if _, err := bounded(ctx, func(ctx context.Context) (*ledger.Job, error) {
+	claimed, err := bounded(ctx, func(ctx context.Context) (*ledger.Job, error) {
 		return rc.Ledger.ClaimLookup(ctx, ref, holder, 2*rc.Timeout)
-	}); err != nil {
+	})
+	if err != nil {
 		if !errors.Is(err, ledger.ErrStale) && !errors.Is(err, ledger.ErrNotFound) && ctx.Err() == nil {
 			rc.Logger.Warn("reconciler: cannot lease an unknown attempt", zap.String("job_id", a.JobID),
 				zap.String("attempt_id", a.ID), zap.Error(err))
@@ -170,19 +171,22 @@ func (rc *Reconciler) reconcile(ctx context.Context, p *Lookup, a *ledger.Attemp
 		absent = DefaultLookupAbsent
 	}
 	res := ledger.LookupResult{Status: status}
-	result := ReconcilePending
+	result, held := ReconcilePending, false
 	switch {
 	case lerr != nil:
 		result = ReconcileError
 	case slices.Contains(absent, status):
 		res.Absent, result = true, ReconcileFailed
+	case status >= 200 && status <= 299 && anotherMayHaveAnswered(claimed, a):
+		// Which answer its client got, this lookup cannot say: the job
+		// waits until the other attempts are settled (or an operator).
+		held = true
 	case status >= 200 && status <= 299:
 		res.Found, result = rc.Found(status, header, body), ReconcileCompleted
 	}
 	if !res.Absent && res.Found == nil {
 		res.Retry = lookupBackoff(rc.Every, a.Lookups().Tries)
 	}
-	var err error
 	for range 3 { // the transition is idempotent: a reply lost is asked again
 		if _, err = bounded(ctx, func(ctx context.Context) (*ledger.Job, error) {
 			return rc.Ledger.SettleLookup(ctx, ref, holder, res)
@@ -203,9 +207,27 @@ func (rc *Reconciler) reconcile(ctx context.Context, p *Lookup, a *ledger.Attemp
 		rc.Logger.Warn("reconciler: the lookup's result was not recorded", append(fields, zap.Error(err))...)
 	case lerr != nil:
 		rc.Logger.Warn("reconciler: lookup got no answer", append(fields, zap.Error(lerr), zap.Duration("next_in", res.Retry))...)
+	case held:
+		rc.Logger.Warn("reconciler: the provider acted, but another attempt of the job may have answered its client; looked up again later",
+			append(fields, zap.Duration("next_in", res.Retry))...)
 	default:
 		rc.Logger.Info("reconciler: looked up an unknown attempt", fields...)
 	}
+}
+
+// anotherMayHaveAnswered reports whether an attempt of j other than a may
+// have given its client an answer the ledger does not hold: one that is
+// unknown, still running, or lost (its answer came after the job was
+// settled). A hedged job's attempts run at once; completing it with a's
+// answer could contradict what its client already got. With no job to
+// look at, it cannot tell, and says so.
+func anotherMayHaveAnswered(j *ledger.Job, a *ledger.Attempt) bool {
+	if j == nil {
+		return true
+	}
+	return slices.ContainsFunc(j.Attempts, func(b ledger.Attempt) bool {
+		return b.ID != a.ID && (b.State == ledger.AttemptUnknown || b.State == ledger.AttemptStarting || b.State == ledger.AttemptLost)
+	})
 }
 
 // bounded runs one of the reconciler's ledger calls within

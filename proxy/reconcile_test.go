@@ -154,3 +154,63 @@ func TestReconcilerLedgerCallsAreBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestLookupFoundWhileAnotherAttemptMayHaveAnswered: a hedged job's two
+// attempts are unknown and either may have answered its client. A lookup
+// that finds the first acted does not complete the job while the second
+// is unknown (its answer may be the one the client got); once the
+// second's lookup says it never acted, the first's answer completes it.
+func TestLookupFoundWhileAnotherAttemptMayHaveAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		l := memory.New()
+		p := ledger.ReserveParams{JobID: ledger.NewID(), OwnerHash: []byte("o"), KeyHash: []byte("k"),
+			Fingerprint: []byte("f"), FingerprintVersion: 1, Retention: 24 * time.Hour, Attempt: ledger.NewAttempt("pay", time.Minute)}
+		p.Attempt.Scope = "site"
+		r, err := l.Reserve(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := ledger.NewAttempt("pay", time.Minute)
+		next.Scope = "site"
+		second, err := l.Hedge(ctx, r.Attempt.Ref(), next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, _ := l.Job(ctx, r.Job.ID)
+		for _, a := range j.Attempts {
+			if err := l.MarkUnknown(ctx, a.Ref(), "attempt_timeout"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		secondStatus := http.StatusServiceUnavailable
+		send := func(_ context.Context, a *ledger.Attempt) (int, http.Header, []byte, error) {
+			if a.Number == second.Number {
+				return secondStatus, nil, nil, nil
+			}
+			return http.StatusCreated, nil, []byte(`{"charge":"ch_1"}`), nil
+		}
+		mw, err := New(Config{Ledger: l, Scope: "site", Providers: []Provider{{Name: "pay"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc := mw.Reconciler([]Lookup{{Provider: "pay", Send: send}})
+		rc.Logger = zap.NewNop()
+
+		time.Sleep(2 * time.Minute) // past both deadlines
+		rc.Round(ctx)
+		if j, _ := l.Job(ctx, r.Job.ID); j.State != ledger.JobUnknown {
+			t.Fatalf("the first attempt's lookup found an answer while the second was unknown: job %s", j.State)
+		}
+		secondStatus = http.StatusNotFound
+		for range 4 { // past both attempts' lookup backoff
+			time.Sleep(10 * time.Minute)
+			rc.Round(ctx)
+		}
+		j, _ = l.Job(ctx, r.Job.ID)
+		if j.State != ledger.JobCompleted || j.Response == nil || string(j.Response.Body) != `{"charge":"ch_1"}` ||
+			j.Attempts[1].State != ledger.AttemptFailed {
+			t.Errorf("once the second never acted: job %s, attempts %+v", j.State, j.Attempts)
+		}
+	})
+}
