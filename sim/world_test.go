@@ -85,7 +85,7 @@ type world struct {
 	jobIntent map[string]string          // job id: intent
 	reserved  map[string]string          // jobs whose reservation the store acknowledged: their owner's hash
 	sentFrom  map[string]string          // "job/number": the gateway that started the attempt
-	acked     map[string]ledger.Response // job: the answer whose completion the store acknowledged as the winner's
+	acked     map[string]acked    // job: the answer whose completion the store acknowledged as the winner's
 	final     []*ledger.Job              // every job, as the world ended
 	gone      map[string]bool            // jobs a purge removed
 	cancelled map[string]bool            // jobs an operator cancelled: what they decided stands
@@ -114,6 +114,12 @@ func (w *world) routeOf(intent string) *route {
 		}
 	}
 	return nil
+}
+
+// acked is a completion the store acknowledged as the winner's.
+type acked struct {
+	resp ledger.Response
+	at   time.Time
 }
 
 // effect is one attempt that acted at a provider.
@@ -321,7 +327,7 @@ func (l *link) Complete(ctx context.Context, ref ledger.AttemptRef, resp ledger.
 		c, err := l.Ledger.Complete(ctx, ref, resp)
 		if err == nil && c.Won {
 			l.w.mu.Lock()
-			l.w.acked[ref.JobID] = resp
+			l.w.acked[ref.JobID] = acked{resp: resp, at: time.Now()}
 			l.w.mu.Unlock()
 		}
 		return c, err
@@ -584,6 +590,12 @@ func (p *provider) lookup(ctx context.Context, a *ledger.Attempt) (int, http.Hea
 func (p *provider) checkLease(job string, n int) {
 	arrived := time.Now().Add(p.w.offset)
 	j, err := p.w.current().Job(context.Background(), job)
+	p.w.mu.Lock()
+	purged := p.w.purged != ""
+	p.w.mu.Unlock()
+	if purged && errors.Is(err, ledger.ErrNotFound) {
+		return // a purge removed the job of a re-send on its way: an operator decided
+	}
 	if err != nil {
 		p.w.violation("world: attempt %s/%d arrived at %s/%s but its job cannot be read: %v", job, n, p.route, p.name, err)
 		return
