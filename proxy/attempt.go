@@ -95,8 +95,11 @@ type runner struct {
 
 	// Results are offered to the job one at a time, and the first one the
 	// ledger did not take (no reply came) is offered again before any
-	// later one: it finished first, and its client may hold it.
-	offerMu  sync.Mutex
+	// later one: it finished first, and its client may hold it. The turn
+	// is a token in offering, not a mutex: an offer waits on ledger calls,
+	// and a try that waits for its turn meanwhile waits on a channel, as
+	// every wait on the ledger does (and as testing/synctest can see).
+	offering chan struct{}
 	unstored *offer
 }
 
@@ -109,11 +112,12 @@ type offer struct {
 func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w http.ResponseWriter, first ledger.Attempt) *runner {
 	rn := &runner{
 		m: m, base: base, next: next, body: body,
-		client:  &client{w: w},
-		wake:    make(chan struct{}, 1),
-		done:    make(chan struct{}),
-		ended:   make(chan struct{}),
-		current: first, // known before the runner starts, for an early timeout
+		client:   &client{w: w},
+		wake:     make(chan struct{}, 1),
+		offering: make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		ended:    make(chan struct{}),
+		current:  first, // known before the runner starts, for an early timeout
 	}
 	rn.running = rn.runningBuf[:0]
 	return rn
@@ -765,8 +769,8 @@ func (t *try) run() *result {
 // offered at all (its attempt is unknown).
 func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.Response) final {
 	m := rn.m
-	rn.offerMu.Lock()
-	defer rn.offerMu.Unlock()
+	rn.offering <- struct{}{}
+	defer func() { <-rn.offering }()
 	if u := rn.unstored; u != nil {
 		if _, err := m.complete(u.att, *u.answer); err != nil {
 			m.cfg.Logger.Error("result not offered: an earlier one the ledger did not take comes first", zap.String("job_id", att.JobID),
