@@ -76,22 +76,22 @@ type world struct {
 	gateways  []*gateway // the live ones
 	healed    bool
 	trace     []string
-	effects   map[string][]effect        // intent: the attempts that acted
-	received  map[string]bool            // "job/number": a provider received the attempt
-	sentBy    map[string]string          // "job/number": the client request that carried it
-	gave      map[string][][]byte        // client request: the answers providers gave its attempts
-	answers   []answer                   // every client's answer
-	noted     []string                   // violations seen while the world ran (lease:, world:)
-	jobIntent map[string]string          // job id: intent
-	reserved  map[string]string          // jobs whose reservation the store acknowledged: their owner's hash
-	sentFrom  map[string]string          // "job/number": the gateway that started the attempt
+	effects   map[string][]effect // intent: the attempts that acted
+	received  map[string]bool     // "job/number": a provider received the attempt
+	sentBy    map[string]string   // "job/number": the client request that carried it
+	gave      map[string][][]byte // client request: the answers providers gave its attempts
+	answers   []answer            // every client's answer
+	noted     []string            // violations seen while the world ran (lease:, world:)
+	jobIntent map[string]string   // job id: intent
+	reserved  map[string]string   // jobs whose reservation the store acknowledged: their owner's hash
+	sentFrom  map[string]string   // "job/number": the gateway that started the attempt
 	acked     map[string]acked    // job: the answer whose completion the store acknowledged as the winner's
-	final     []*ledger.Job              // every job, as the world ended
-	gone      map[string]bool            // jobs a purge removed
-	cancelled map[string]bool            // jobs an operator cancelled: what they decided stands
-	purged    string                     // the owner an operator purged, if any
-	purgedAt  time.Time                  // when that purge returned
-	holds     int                        // attempts and never-sent queues running in the gateways
+	final     []*ledger.Job       // every job, as the world ended
+	gone      map[string]bool     // jobs a purge removed
+	cancelled map[string]bool     // jobs an operator cancelled: what they decided stands
+	purged    string              // the owner an operator purged, if any
+	purgedAt  time.Time           // when that purge returned
+	holds     int                 // attempts and never-sent queues running in the gateways
 }
 
 // route is one handler on the shared store. Every route names its
@@ -512,6 +512,25 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	}
 	io.Copy(io.Discard, r.Body)
 	switch {
+	case x >= 40 && x < 50: // acts, streams its answer in three parts
+		act()
+		w.logf("%s %s: acts, streams its answer", at, attempt)
+		p.w.mu.Lock()
+		p.w.gave[r.Header.Get("X-Sim-Request")] = append(p.w.gave[r.Header.Get("X-Sim-Request")], body)
+		p.w.mu.Unlock()
+		rw.Header().Set("Content-Type", "application/json")
+		rw.WriteHeader(http.StatusCreated)
+		for i, third := 0, (len(body)+2)/3; i < len(body); i += third {
+			if i > 0 && !wait(400*time.Millisecond) {
+				w.logf("%s %s: stream cut", at, attempt)
+				return r.Context().Err()
+			}
+			if _, err := rw.Write(body[i:min(i+third, len(body))]); err != nil {
+				return err
+			}
+			rw.(http.Flusher).Flush()
+		}
+		return nil
 	case x < 50: // acts, answers after a while
 		d := []time.Duration{0, 100 * time.Millisecond, 800 * time.Millisecond, 1500 * time.Millisecond}[x%4]
 		act()
@@ -734,8 +753,9 @@ func (w *world) client(i int, wg *sync.WaitGroup) {
 			}
 			a := answer{intent: intent, request: req, sent: time.Now()}
 			rec := httptest.NewRecorder()
-			if err := gw.mws[rt].ServeHTTP(rec, r, noNext); err != nil {
-				w.violation("world: request %s: the middleware returned %v", req, err)
+			if aborted := w.serve(gw.mws[rt], rec, r); aborted {
+				w.logf("client %s %s via %s: connection aborted after %d %q", intent, req, gw.name, rec.Code, rec.Body.Bytes())
+				return a
 			}
 			if gw.link.isDead() { // the connection broke with the process: no answer
 				w.logf("client %s %s via %s: the gateway was killed", intent, req, gw.name)
@@ -768,6 +788,23 @@ func (w *world) client(i int, wg *sync.WaitGroup) {
 		time.Sleep(w.dur(pause))
 	}
 	dup.Wait()
+}
+
+// serve runs one client request through mw, and reports whether the
+// connection was aborted (an answer cut short after its headers went out).
+func (w *world) serve(mw *proxy.Middleware, rec *httptest.ResponseRecorder, r *http.Request) (aborted bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			aborted = true
+		}
+	}()
+	if err := mw.ServeHTTP(rec, r, noNext); err != nil {
+		w.violation("world: request %s: the middleware returned %v", r.Header.Get("X-Sim-Request"), err)
+	}
+	return false
 }
 
 // live returns the gateways alive now.
