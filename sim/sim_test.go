@@ -71,6 +71,7 @@ var found = []int64{
 	5001072, 5005019, // a deduplicating provider's relayed answer (checker)
 	5003610, 5084759, // a connect error recorded after its lease ran out
 	5085138, 5569348, 5628105, // a hedge's later result won over the first, which the ledger had not taken
+	8396769, // a purged job back as failed (a never-sent record's repeat): its earlier replays are not the checker's to hold
 }
 
 // store is a ledger the gateways of a schedule share.
@@ -168,7 +169,10 @@ func explore(t *testing.T, pace pace, s store, seed int64) bool {
 		if pace != virtual {
 			tags = "-tags integration "
 		}
-		t.Errorf("seed %d broke %d invariants:\n  %s\nreplay: go test %s./sim -run '%s/%s' -sim.seed=%d -sim.trace",
+		// A schedule's draws are fixed by its seed, but not everything in
+		// it: the order of goroutines woken at one instant and of Go's maps
+		// is the runtime's, so a replay may need several runs to fail.
+		t.Errorf("seed %d broke %d invariants:\n  %s\nreplay: go test %s./sim -run '%s/%s' -sim.seed=%d -sim.trace -count=20 -failfast",
 			seed, len(v), strings.Join(v, "\n  "), tags, test, s.name, seed)
 	}
 	return len(v) == 0
@@ -515,6 +519,9 @@ func (w *world) check() []string {
 					a.request, w.purged, a.job))
 			}
 			continue
+		}
+		if w.purgedBefore(a.job, a.sent) {
+			continue // answered before a purge removed its job, which may be back as failed since
 		}
 		// Replayed exactly when the request did not produce the answer: a
 		// relayed answer (not replayed) is one a provider gave an attempt
