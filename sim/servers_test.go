@@ -5,6 +5,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"strconv"
 	"sync"
@@ -19,14 +20,16 @@ import (
 	"github.com/onejob/onejob/ledger/redis"
 )
 
-// serverStores are the ledgers on servers: on PostgreSQL, each schedule
+// serverStores are the ledgers on servers, each gateway with its own
+// client (and its own replay memory), as instances are: on PostgreSQL, each schedule
 // in a schema no other running schedule uses (emptied after it, and used
 // again: migrating a new one costs more than a schedule); on Redis, under
 // a prefix of its own, deleted after it.
 var serverStores = []store{
 	{"postgres", func(t *testing.T, _ int64, _ func() time.Time) (ledger.Ledger, func() (ledger.Ledger, error)) {
+		addr := server(t, "ONEJOB_TEST_POSTGRES") // before a schema is taken: a failure here must not keep it
 		schema := <-pgSchemas
-		l, err := postgres.Open(openContext(t), server(t, "ONEJOB_TEST_POSTGRES"), postgres.Options{Schema: schema})
+		l, err := postgres.Open(openContext(t), addr, postgres.Options{Schema: schema})
 		if err != nil {
 			pgSchemas <- schema
 			t.Fatal(err)
@@ -36,7 +39,18 @@ var serverStores = []store{
 			defer func() { pgSchemas <- schema }()
 			emptySchema(t, schema)
 		})
-		return l, nil
+		return l, func() (ledger.Ledger, error) {
+			// Every gateway's pool on one server: two connections each keep
+			// the schedules running at once within its max_connections.
+			url, err := neturl.Parse(addr)
+			if err != nil {
+				return nil, err
+			}
+			q := url.Query()
+			q.Set("pool_max_conns", "2")
+			url.RawQuery = q.Encode()
+			return postgres.Open(openContext(t), url.String(), postgres.Options{Schema: schema})
+		}
 	}},
 	{"redis", func(t *testing.T, seed int64, _ func() time.Time) (ledger.Ledger, func() (ledger.Ledger, error)) {
 		url := server(t, "ONEJOB_TEST_REDIS")
@@ -58,7 +72,7 @@ var serverStores = []store{
 				c.Del(ctx, it.Val())
 			}
 		})
-		return l, nil
+		return l, func() (ledger.Ledger, error) { return redis.Open(openContext(t), url, redis.Options{Prefix: prefix}) }
 	}},
 }
 

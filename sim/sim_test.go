@@ -78,10 +78,12 @@ var found = []int64{
 type store struct {
 	name string
 	// open returns a new store for the schedule of seed, on the clock now
-	// (a store on a server keeps its server's), and, for a store that
-	// lives in the gateways' process, reopen: the same store after a
-	// kill -9 of that process (nil: the store outlives the gateways).
-	open func(t *testing.T, seed int64, now func() time.Time) (l ledger.Ledger, reopen func() (ledger.Ledger, error))
+	// (a store on a server keeps its server's), and another: a new client
+	// of the same store, as another process opens it (for the file
+	// ledger, which lives in the gateways' process, only once the first is
+	// closed: after a kill -9); nil when the store is the test process's
+	// own memory, which outlives the gateways.
+	open func(t *testing.T, seed int64, now func() time.Time) (l ledger.Ledger, another func() (ledger.Ledger, error))
 }
 
 var stores = []store{
@@ -189,8 +191,11 @@ func run(t *testing.T, pace pace, s store, mutate func(ledger.Ledger) ledger.Led
 	if pace == virtual { // the store's clock, ahead of or behind the gateways'
 		w.offset = []time.Duration{0, 0, 0, 90 * time.Second, -90 * time.Second, 2 * time.Second, -2 * time.Second}[w.draw("offset")%7]
 	}
-	var reopen func() (ledger.Ledger, error)
-	w.store, reopen = s.open(t, seed, func() time.Time { return time.Now().Add(w.offset) })
+	w.store, w.another = s.open(t, seed, func() time.Time { return time.Now().Add(w.offset) })
+	// On a server, in half the schedules each gateway has its own client
+	// (its own pool, replay memory and notices), as instances do; in the
+	// others they share one, as handlers of one instance do.
+	w.perGateway = pace != virtual && w.another != nil && w.draw("clients")%2 == 0
 	defer func() { w.current().Close() }()
 
 	// Two routes on the one store, each naming its providers primary and
@@ -232,7 +237,7 @@ func run(t *testing.T, pace pace, s store, mutate func(ledger.Ledger) ledger.Led
 	killed := pace == virtual && w.draw("kill")%4 == 0
 	if killed {
 		started := make(chan []*gateway)
-		go func() { started <- w.kill(reopen) }()
+		go func() { started <- w.kill() }()
 		all = append(all, <-started...)
 	}
 	wg.Wait()
@@ -246,6 +251,9 @@ func run(t *testing.T, pace pace, s store, mutate func(ledger.Ledger) ledger.Led
 	for _, g := range all {
 		g.stop()
 		g.done.Wait()
+		if g.own != nil {
+			g.own.Close()
+		}
 	}
 	if killed {
 		// What a killed gateway still runs (its never-sent queue, whose
@@ -260,11 +268,19 @@ func run(t *testing.T, pace pace, s store, mutate func(ledger.Ledger) ledger.Led
 // newGateway starts a gateway over store: a middleware per route, and a
 // reconciler per route whose providers answer lookups.
 func (w *world) newGateway(name string, store ledger.Ledger) (*gateway, error) {
+	var own ledger.Ledger
+	if w.perGateway {
+		var err error
+		if own, err = w.another(); err != nil {
+			return nil, err
+		}
+		store = own
+	}
 	seen := store
 	if w.mutate != nil {
 		seen = w.mutate(store)
 	}
-	g := &gateway{name: name, link: &link{Ledger: seen, w: w, name: name, calls: map[string]int{}}}
+	g := &gateway{name: name, own: own, link: &link{Ledger: seen, w: w, name: name, calls: map[string]int{}}}
 	ctx, stop := context.WithCancel(context.Background())
 	g.stop = stop
 	failoverOn, err := proxy.ParseFailoverOn([]string{"connect_error", "503"})
@@ -312,10 +328,11 @@ func (w *world) newGateway(name string, store ledger.Ledger) (*gateway, error) {
 
 // kill, at a time drawn from the seed, kills a gateway's process as
 // kill -9 does, and starts another in its place: with a store that lives
-// in that process (reopen), every gateway of it dies and the store is
-// reopened from its files; else one gateway dies and the store lives on.
-// It returns the gateways it started.
-func (w *world) kill(reopen func() (ledger.Ledger, error)) []*gateway {
+// in that process (the file ledger), every gateway of it dies and the
+// store is reopened from its files; else one gateway dies and the store
+// lives on. It returns the gateways it started.
+func (w *world) kill() []*gateway {
+	reopen := w.another
 	time.Sleep(w.dur(time.Duration(500+w.draw("kill at")%8000) * time.Millisecond))
 	w.mu.Lock()
 	victims := w.gateways
@@ -494,9 +511,10 @@ func (w *world) check() []string {
 		if s.Intent != a.intent || ownerOf(a.intent) != s.Owner {
 			v = append(v, fmt.Sprintf("owner: request %s of %s got the answer of %s (owner %s)", a.request, a.intent, s.Intent, s.Owner))
 		}
-		// A purged owner's answers are replayed by no instance.
+		// A purged owner's answers are replayed by no instance, once the
+		// purge's notice reached it.
 		if w.gone[a.job] {
-			if a.replayed && a.sent.After(w.purgedAt) {
+			if a.replayed && a.sent.After(w.purgedAt.Add(w.pace.notice)) {
 				v = append(v, fmt.Sprintf("purged: request %s, sent after %s was purged, got a replay of job %s, which the purge removed",
 					a.request, w.purged, a.job))
 			}

@@ -53,11 +53,16 @@ type pace struct {
 	// the lease coarsely, so as never to fail by chance; virtual time
 	// checks it exactly.
 	transit time.Duration
+	// notice is how long a purge's notice may take to reach the other
+	// instances' replay memories (docs/operations.md: the channel's
+	// delay): zero in virtual time, where the store is one; on a server,
+	// what a loaded machine may take to deliver a PUBLISH or a NOTIFY.
+	notice time.Duration
 }
 
 var (
 	virtual    = pace{compress: 1}
-	compressed = pace{compress: 10, transit: 200 * time.Millisecond}
+	compressed = pace{compress: 10, transit: 500 * time.Millisecond, notice: 100 * time.Millisecond}
 )
 
 // world is one schedule: the shared store, the gateways and their links,
@@ -68,8 +73,11 @@ type world struct {
 	start  time.Time
 	offset time.Duration // the store's clock minus the gateways' (a store on a server keeps its own)
 	routes []*route
-	reopen func() ledger.Ledger              // the store after a kill -9 of its process; nil: it outlives the gateways
-	mutate func(ledger.Ledger) ledger.Ledger // how the gateways see the store (a mutant), or nil
+	// another opens a new client of the store (store.open); perGateway:
+	// each gateway has its own, as instances on a server do.
+	another    func() (ledger.Ledger, error)
+	perGateway bool
+	mutate     func(ledger.Ledger) ledger.Ledger // how the gateways see the store (a mutant), or nil
 
 	mu        sync.Mutex
 	store     ledger.Ledger
@@ -133,6 +141,7 @@ type effect struct {
 type gateway struct {
 	name string
 	link *link
+	own  ledger.Ledger       // its own client of the store, if it has one
 	mws  []*proxy.Middleware // by route
 	stop context.CancelFunc  // ends its reconcilers
 	done sync.WaitGroup
@@ -462,7 +471,11 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	w.received[attempt] = true
 	w.sentBy[attempt] = r.Header.Get("X-Sim-Request")
 	w.mu.Unlock()
-	p.checkLease(job, n)
+	deadline := p.checkLease(job, n)
+	if !p.started(deadline) {
+		w.logf("%s %s: not started by its deadline: dropped", at, attempt)
+		return errors.New("read tcp: connection reset by peer")
+	}
 	if p.dedup {
 		p.mu.Lock()
 		body, done := p.done[job]
@@ -605,25 +618,39 @@ func (p *provider) lookup(ctx context.Context, a *ledger.Attempt) (int, http.Hea
 }
 
 // checkLease records an attempt that arrived after its lease ran out by
-// the store's clock (give or take the pace's transit).
-func (p *provider) checkLease(job string, n int) {
+// the store's clock (give or take the pace's transit), and returns the
+// attempt's deadline (zero if it cannot be read).
+func (p *provider) checkLease(job string, n int) (deadline time.Time) {
 	arrived := time.Now().Add(p.w.offset)
 	j, err := p.w.current().Job(context.Background(), job)
 	p.w.mu.Lock()
 	purged := p.w.purged != ""
 	p.w.mu.Unlock()
 	if purged && errors.Is(err, ledger.ErrNotFound) {
-		return // a purge removed the job of a re-send on its way: an operator decided
+		return time.Time{} // a purge removed the job of a re-send on its way: an operator decided
 	}
 	if err != nil {
 		p.w.violation("world: attempt %s/%d arrived at %s/%s but its job cannot be read: %v", job, n, p.route, p.name, err)
-		return
+		return time.Time{}
 	}
 	for _, a := range j.Attempts {
-		if late := arrived.Sub(a.Deadline); a.Number == n && late >= p.w.pace.transit {
+		if a.Number != n {
+			continue
+		}
+		if late := arrived.Sub(a.Deadline); late >= p.w.pace.transit {
 			p.w.violation("lease: attempt %s/%d arrived at %s/%s %v after its lease ran out", job, n, p.route, p.name, late)
 		}
+		return a.Deadline
 	}
+	return time.Time{}
+}
+
+// started reports whether the provider may still start the work of an
+// attempt whose deadline (the store's clock) is deadline: as the contract
+// asks of a provider, it drops what it has not started by then (in real
+// time, a provider under load may reach that point late).
+func (p *provider) started(deadline time.Time) bool {
+	return deadline.IsZero() || time.Now().Add(p.w.offset).Before(deadline)
 }
 
 // connectError is the gateway's rule of a request that never left, as
