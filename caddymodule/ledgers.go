@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
+	"github.com/onejob/onejob/internal/tick"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -97,7 +98,7 @@ func newShared(key string, l ledger.Ledger, log *zap.Logger) *shared {
 
 func (s *shared) sweep(ctx context.Context, log *zap.Logger, every time.Duration) {
 	defer close(s.done)
-	everyTick(ctx, every, func() {
+	tick.Every(ctx, every, func() {
 		for {
 			sctx, cancel := context.WithTimeout(ctx, time.Minute)
 			st, err := s.Ledger.Sweep(sctx, sweepBatch)
@@ -117,21 +118,6 @@ func (s *shared) sweep(ctx context.Context, log *zap.Logger, every time.Duration
 			}
 		}
 	})
-}
-
-// everyTick calls fn every interval, the first time one interval from now,
-// until ctx ends: the loop of the gateway's background work.
-func everyTick(ctx context.Context, every time.Duration, fn func()) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		fn()
-	}
 }
 
 // Destruct stops the sweeper and closes the ledger: the last holder is gone.

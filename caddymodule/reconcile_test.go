@@ -13,31 +13,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/ledgertest"
 	"github.com/onejob/onejob/ledger/memory"
 	"github.com/onejob/onejob/proxy"
 )
-
-// unknownJob reserves a job on provider "pay" whose attempt timed out.
-func unknownJob(t *testing.T, l ledger.Ledger) ledger.Reservation {
-	t.Helper()
-	return unknownJobIn(t, l, "")
-}
-
-// unknownJobIn is unknownJob with the attempt sent under scope.
-func unknownJobIn(t *testing.T, l ledger.Ledger, scope string) ledger.Reservation {
-	t.Helper()
-	p := ledger.ReserveParams{JobID: ledger.NewID(), OwnerHash: []byte("o"), KeyHash: []byte(ledger.NewID()),
-		Fingerprint: []byte("f"), FingerprintVersion: 1, Retention: time.Hour, Attempt: ledger.NewAttempt("pay", time.Minute)}
-	p.Attempt.Scope = scope
-	r, err := l.Reserve(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.MarkUnknown(context.Background(), r.Attempt.Ref(), "attempt_timeout"); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
 
 // TestReconcilerSettlesByLookup: a lookup runs only after the attempt's
 // deadline, with the job id and attempt number in its URI; 503 leaves the
@@ -77,7 +56,7 @@ func TestReconcilerSettlesByLookup(t *testing.T) {
 	rc := mw.Reconciler(lookups([]*Provider{p}, 1<<20))
 	rc.Every, rc.Timeout, rc.Reconciled, rc.Logger = 10*time.Second, time.Second, obs.Reconciled, zap.NewNop()
 
-	pending, absent, found := unknownJob(t, l), unknownJob(t, l), unknownJob(t, l)
+	pending, absent, found := ledgertest.UnknownJob(t, l, ""), ledgertest.UnknownJob(t, l, ""), ledgertest.UnknownJob(t, l, "")
 	uri := func(r ledger.Reservation) string { return "/charges/" + r.Job.ID + "/1" }
 	status[uri(pending)], status[uri(absent)], status[uri(found)] = 503, 404, 201
 

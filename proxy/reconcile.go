@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/onejob/onejob/internal/tick"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -83,16 +84,7 @@ func (m *Middleware) Reconciler(lookups []Lookup) *Reconciler {
 
 // Run runs a round every rc.Every until ctx ends.
 func (rc *Reconciler) Run(ctx context.Context) {
-	t := time.NewTicker(rc.Every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		rc.Round(ctx)
-	}
+	tick.Every(ctx, rc.Every, func() { rc.Round(ctx) })
 }
 
 // Round looks up every unknown attempt that is due, provider by provider.

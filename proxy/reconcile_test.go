@@ -11,25 +11,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/ledgertest"
 	"github.com/onejob/onejob/ledger/memory"
 )
-
-// unknownIn reserves a job on provider "pay" under scope whose attempt
-// timed out (its lease: a minute).
-func unknownIn(t *testing.T, l ledger.Ledger, scope string) ledger.Reservation {
-	t.Helper()
-	p := ledger.ReserveParams{JobID: ledger.NewID(), OwnerHash: []byte("o"), KeyHash: []byte(ledger.NewID()),
-		Fingerprint: []byte("f"), FingerprintVersion: 1, Retention: time.Hour, Attempt: ledger.NewAttempt("pay", time.Minute)}
-	p.Attempt.Scope = scope
-	r, err := l.Reserve(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.MarkUnknown(context.Background(), r.Attempt.Ref(), "attempt_timeout"); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
 
 // absentLookup is a lookup of provider "pay" that answers 404 and
 // records the jobs it was asked about.
@@ -50,7 +34,7 @@ func TestReconcilerLooksUpOnlyItsScope(t *testing.T) {
 		var looked []string
 		rc := &Reconciler{Ledger: l, Scope: "site", Lookups: []Lookup{absentLookup(&looked)}, Every: 10 * time.Second,
 			Timeout: time.Second, Logger: zap.NewNop()}
-		mine, theirs, unscoped := unknownIn(t, l, "site"), unknownIn(t, l, "site#2"), unknownIn(t, l, "")
+		mine, theirs, unscoped := ledgertest.UnknownJob(t, l, "site"), ledgertest.UnknownJob(t, l, "site#2"), ledgertest.UnknownJob(t, l, "")
 		time.Sleep(2 * time.Minute)
 		rc.Round(context.Background())
 		if want := []string{mine.Job.ID}; !slices.Equal(looked, want) {
@@ -130,7 +114,7 @@ func TestReconcilerLedgerCallsAreBounded(t *testing.T) {
 		t.Run("hole="+hole, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				mem := memory.New()
-				r := unknownIn(t, mem, "")
+				r := ledgertest.UnknownJob(t, mem, "")
 				time.Sleep(2 * time.Minute) // past the attempt's deadline
 				var looked []string
 				rc := &Reconciler{Ledger: &blackHole{Ledger: mem, hole: hole}, Lookups: []Lookup{absentLookup(&looked)},

@@ -1498,3 +1498,21 @@ func testFindLease(t *testing.T, h Harness) {
 		t.Errorf("unknown at %v, before the deadline %v (error %q)", j.ReadAt, a.Deadline, a.Error)
 	}
 }
+
+// UnknownJob reserves a job on l whose one attempt, on provider "pay"
+// under scope with a lease of a minute, timed out: the job a reconciler
+// looks up once the lease ran out.
+func UnknownJob(t *testing.T, l ledger.Ledger, scope string) ledger.Reservation {
+	t.Helper()
+	p := ledger.ReserveParams{JobID: ledger.NewID(), OwnerHash: []byte("o"), KeyHash: []byte(ledger.NewID()),
+		Fingerprint: []byte("f"), FingerprintVersion: 1, Retention: time.Hour, Attempt: ledger.NewAttempt("pay", time.Minute)}
+	p.Attempt.Scope = scope
+	r, err := l.Reserve(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.MarkUnknown(context.Background(), r.Attempt.Ref(), "attempt_timeout"); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
