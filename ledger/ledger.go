@@ -155,6 +155,10 @@ type ReserveParams struct {
 	Retention time.Duration
 	// Attempt is the attempt to start when the job is created or re-opened.
 	Attempt NextAttempt
+	// Repeat marks a call that may repeat one whose reply was lost: the
+	// ledger answers it, never a memory of completed jobs in the process,
+	// which may not know that this call's attempt exists.
+	Repeat bool
 }
 
 // WithNewIDs returns p with a new job id and a new attempt id: the

@@ -174,8 +174,10 @@ func (m *Middleware) recordOne(w unsentWork) bool {
 		// Repeating the reservation answers where it stands: the job and
 		// this attempt if it was made (or makes them now, never sent
 		// either way), or another request's job that this one never touched.
+		repeat := *p
+		repeat.Repeat = true
 		res, err := ledgerCall(m, ctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) {
-			return m.cfg.Ledger.Reserve(ctx, *p)
+			return m.cfg.Ledger.Reserve(ctx, repeat)
 		})
 		if err != nil {
 			return false

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ type lossyLedger struct {
 	down    bool
 	downNow map[string]bool // op: go down as its reply is lost
 	lost    func(op string) // if set, called as op's reply is lost
+	repeats []bool          // each reservation's Repeat, in order
 }
 
 func newLossy() *lossyLedger {
@@ -69,6 +71,9 @@ func (l *lossyLedger) do(op string, call func() error) error {
 }
 
 func (l *lossyLedger) Reserve(ctx context.Context, p ledger.ReserveParams) (r ledger.Reservation, err error) {
+	l.mu.Lock()
+	l.repeats = append(l.repeats, p.Repeat)
+	l.mu.Unlock()
 	err = l.do("reserve", func() error { r, err = l.Ledger.Reserve(ctx, p); return err })
 	return r, err
 }
@@ -133,6 +138,12 @@ func TestReserveReplyLostIsRepeated(t *testing.T) {
 	wantReplay(t, h.do(post("k", `{}`)), jobID(t, rec), http.StatusCreated, "{\"id\":\"ch_1\",\"amount\":100}\n")
 	if h.up.calls() != 1 || obs.repeats["reserve"] != 1 {
 		t.Errorf("upstream called %d times, reserve repeated %d times", h.up.calls(), obs.repeats["reserve"])
+	}
+	// The repeat says it is one, so that no memory of completed jobs
+	// answers it in the ledger's place (near.Answer); the replay is a new
+	// call.
+	if l.repeats = l.repeats[:3]; !slices.Equal(l.repeats, []bool{false, true, false}) {
+		t.Errorf("reservations marked repeats: %v, want [false true false]", l.repeats)
 	}
 }
 
@@ -209,6 +220,13 @@ func TestReserveReplyLostThenDownIsRecordedUnsent(t *testing.T) {
 	wantJob(t, onlyJob(t, h.l), ledger.JobPending, "next/starting")
 	l.setDown(false)
 	waitJobFailed(t, h.l, "the never-sent attempt")
+	l.mu.Lock()
+	for i, repeat := range l.repeats[1:] {
+		if !repeat {
+			t.Errorf("reservation %d, which repeats the first, is not marked a repeat", i+2)
+		}
+	}
+	l.mu.Unlock()
 	j := onlyJob(t, h.l)
 	wantJob(t, j, ledger.JobFailed, "next/failed")
 	if j.Attempts[0].Error != ledger.ReasonUnsent {

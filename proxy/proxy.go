@@ -183,7 +183,9 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	// wait is bounded, like every ledger call of an attempt, and ends in a
 	// 503 rather than holding the client (and a goroutine) indefinitely.
 	reserve := func(ctx context.Context) (ledger.Reservation, error) {
-		return m.cfg.Ledger.Reserve(ctx, params)
+		r, err := m.cfg.Ledger.Reserve(ctx, params)
+		params.Repeat = true // every later call with these ids may repeat this one
+		return r, err
 	}
 	issued := time.Now()
 	res, err := ledgerCall(m, r.Context(), "reserve", reserve)

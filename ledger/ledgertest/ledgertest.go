@@ -1148,9 +1148,6 @@ func testRepeatsByID(t *testing.T, h Harness) {
 	// Replays put a completed job among those a ledger keeps in the
 	// process; a repeat of the reservation whose attempt won (its reply
 	// was lost) still answers as the first call did, by that attempt.
-	// (PostgreSQL keeps such a job without its attempts, as reserve
-	// answers it, so a repeat of a call whose attempt did not win can be
-	// answered done from there: not checked here.)
 	w := fresh(params(long))
 	rw, err := l.Reserve(ctx(t), w)
 	if err != nil || rw.Outcome != ledger.Created {
@@ -1191,6 +1188,17 @@ func testRepeatsByID(t *testing.T, h Harness) {
 	}
 	if n := len(job(t, l, rq.Job.ID).Attempts); n != 3 {
 		t.Errorf("repeated resolve left %d attempts, want 3", n)
+	}
+	// Replays of the resolved job, then a repeat of the re-open (its
+	// reply lost): answered with its attempt, which did not win, so that
+	// the gateway can record it never sent — not done from the jobs kept
+	// in the process, which may not list it (PostgreSQL keeps them
+	// without their attempts).
+	reserve(t, l, fresh(q), ledger.Done)
+	reserve(t, l, fresh(q), ledger.Done)
+	q.Repeat = true
+	if o3, err := l.Reserve(ctx(t), q); err != nil || o3.Outcome != ledger.Reopened || o3.Attempt == nil || o3.Attempt.ID != q.Attempt.ID {
+		t.Errorf("repeated re-open after the job was resolved and replayed = %v attempt %+v, %v; want re-opened, its attempt", o3.Outcome, o3.Attempt, err)
 	}
 }
 

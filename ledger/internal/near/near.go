@@ -188,11 +188,12 @@ func (n *Cache) Len() int {
 // owner and key that has not expired: its answer, or a mismatch when p is
 // another request. ok is false when p repeats the call that started one of
 // j's attempts (the gateway repeats a call whose reply it lost): a repeat
-// is answered as the first call was (fsm.Reserve), by the ledger. A job
-// cached without its attempts (PostgreSQL's reserve answers none) still
-// tells the winner's own call by CompletedBy.
+// is answered as the first call was (fsm.Reserve), by the ledger. p says
+// so itself (Repeat), since a job cached without its attempts
+// (PostgreSQL's reserve answers none) tells only the winner's own call, by
+// CompletedBy.
 func Answer(j *ledger.Job, p *ledger.ReserveParams, now time.Time) (r ledger.Reservation, ok bool) {
-	if p.Attempt.ID == j.CompletedBy {
+	if p.Repeat || p.Attempt.ID == j.CompletedBy {
 		return ledger.Reservation{}, false
 	}
 	for i := range j.Attempts {
