@@ -192,11 +192,10 @@ func run(t *testing.T, pace pace, s store, mutate func(ledger.Ledger) ledger.Led
 		w.offset = []time.Duration{0, 0, 0, 90 * time.Second, -90 * time.Second, 2 * time.Second, -2 * time.Second}[w.draw("offset")%7]
 	}
 	w.store, w.another = s.open(t, seed, func() time.Time { return time.Now().Add(w.offset) })
-	// On a server, with $ONEJOB_SIM_OWN_CLIENTS set, in half the schedules
-	// each gateway has its own client (its own pool, replay memory and
-	// notices), as instances do; otherwise they share one, as handlers of
-	// one instance do. Not in the test command yet (docs/reliability.md).
-	w.perGateway = pace != virtual && w.another != nil && os.Getenv("ONEJOB_SIM_OWN_CLIENTS") != "" && w.draw("clients")%2 == 0
+	// On a server, in half the schedules each gateway has its own client
+	// (its own pool, replay memory and notices), as instances do;
+	// otherwise they share one, as handlers of one instance do.
+	w.perGateway = pace != virtual && w.another != nil && w.draw("clients")%2 == 0
 	defer func() { w.current().Close() }()
 
 	// Two routes on the one store, each naming its providers primary and
@@ -204,11 +203,8 @@ func run(t *testing.T, pace pace, s store, mutate func(ledger.Ledger) ledger.Led
 	// with a primary that deduplicates by the job id; the second keys a
 	// request without a key by its fingerprint; lookups on either, both
 	// or neither.
-	lookups, routes := w.draw("lookups")%4, []string{"charges", "refunds"}
-	if pace != virtual { // on a server, the narrower shape (docs/reliability.md): one route, no lookups
-		lookups, routes = 3, routes[:1]
-	}
-	for i, name := range routes {
+	lookups := w.draw("lookups") % 4
+	for i, name := range []string{"charges", "refunds"} {
 		r := &route{name: name, implicit: i == 1, lookups: lookups == uint64(i) || lookups == 2,
 			primary: newProvider(w, name, "primary"), fallback: newProvider(w, name, "fallback")}
 		switch w.draw("route", name) % 3 {

@@ -463,7 +463,7 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	w.jobIntent[job] = intent
 	w.mu.Unlock()
 	x := w.draw("provider", at, intent, n) % 100
-	if x >= 95 || (x >= 90 && w.pace != virtual) { // the dial fails: the request never reaches the provider
+	if x >= 95 { // the dial fails: the request never reaches the provider
 		w.logf("%s %s: connection refused", at, attempt)
 		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	}
@@ -525,7 +525,7 @@ func (p *provider) ServeHTTP(rw http.ResponseWriter, r *http.Request) error {
 	}
 	io.Copy(io.Discard, r.Body)
 	switch {
-	case x >= 40 && x < 50 && w.pace == virtual: // acts, streams its answer in three parts (not on a server yet: docs/reliability.md)
+	case x >= 40 && x < 50: // acts, streams its answer in three parts
 		act()
 		w.logf("%s %s: acts, streams its answer", at, attempt)
 		p.w.mu.Lock()
@@ -696,7 +696,7 @@ func (w *world) gateway(name string) *gateway {
 // cancels an unknown one, as the admin API's resolve does; once in a
 // while it purges an owner, as the admin API's purge does.
 func (w *world) operator(done <-chan struct{}) {
-	purge := w.pace == virtual && w.draw("purge")%3 == 0
+	purge := w.draw("purge")%3 == 0
 	for round := 0; ; round++ {
 		t := time.NewTimer(w.dur(time.Duration(500+w.draw("operator", round)%4000) * time.Millisecond))
 		select {
@@ -809,7 +809,7 @@ func (w *world) client(i int, wg *sync.WaitGroup) {
 			break
 		}
 		pause := time.Duration(100+w.draw("jitter", i, try)%3000) * time.Millisecond
-		if try == maxTries-2 && w.pace == virtual && w.draw("late", i)%3 == 0 {
+		if try == maxTries-2 && w.draw("late", i)%3 == 0 {
 			pause = lateRetry
 		}
 		time.Sleep(w.dur(pause))
