@@ -25,9 +25,9 @@ import (
 //   - from those, the jobs whose retention passed and which the sweeper
 //     has not removed yet are taken away, read through jobs_expires_at (a
 //     short range: the sweeper removes them every few seconds). The bound
-//     is statement_timestamp(), not the volatile clock_timestamp() the
+//     is statement_timestamp(), not the volatile ledger_clock() the
 //     other reads use, so that the index can serve it.
-const countsQuery = `SELECT s, sum(n)::bigint, min(oldest), clock_timestamp() FROM (
+const countsQuery = `SELECT s, sum(n)::bigint, min(oldest), ledger_clock() FROM (
 	SELECT ` + effectiveState + ` AS s, count(*) AS n, min(created_at) AS oldest
 		FROM jobs WHERE state IN ('pending', 'unknown') GROUP BY 1
 	UNION ALL
@@ -69,7 +69,7 @@ func (l *Ledger) Counts(ctx context.Context) (ledger.Counts, error) {
 	if c.ByState == nil {
 		// No job at all: the server's clock still dates the count.
 		var now time.Time
-		if err := l.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		if err := l.pool.QueryRow(ctx, `SELECT ledger_clock()`).Scan(&now); err != nil {
 			return ledger.Counts{}, fmt.Errorf("postgres ledger: counts: %w", err)
 		}
 		c = ledger.NewCounts(now)

@@ -30,7 +30,7 @@ import (
 // integration/bench/ledger.pgbench.
 
 // functionsVersion is the version of functions.sql.
-const functionsVersion = 11
+const functionsVersion = 12
 
 // maxIdentifier is the length of PostgreSQL's longest identifier, in bytes
 // (NAMEDATALEN - 1).

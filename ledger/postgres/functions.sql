@@ -19,6 +19,14 @@
 -- cannot change a function's result columns, and running gateways keep
 -- calling the version they started with.
 
+-- ledger_clock is the ledger's clock: the server's, read afresh at every
+-- call (clock_timestamp(), not the transaction's start). Every transition
+-- and read takes the time from here, so that the differential test can
+-- run them on a clock of its own (ledger/ledgertest/differential).
+CREATE FUNCTION {{fn}}.ledger_clock() RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
+	SELECT clock_timestamp();
+$$;
+
 CREATE FUNCTION {{fn}}.notify_job(p_job uuid) RETURNS void LANGUAGE sql AS $$
 	SELECT pg_notify({{channel}}, p_job::text);
 $$;
@@ -106,7 +114,7 @@ DECLARE
 	keep interval := p_retention_us * interval '1 microsecond';
 BEGIN
 	LOOP
-		ts := clock_timestamp();
+		ts := {{fn}}.ledger_clock();
 		-- No conflict target: a repeat of this call, running concurrently,
 		-- conflicts on the id as well as on (owner, key).
 		INSERT INTO jobs AS t (id, owner_hash, key_hash, fingerprint, fingerprint_version,
@@ -134,7 +142,7 @@ BEGIN
 			END IF;
 			CONTINUE; -- removed meanwhile: insert again
 		END IF;
-		ts := clock_timestamp();
+		ts := {{fn}}.ledger_clock();
 		IF j.expires_at IS NULL OR j.expires_at > ts THEN
 			IF j.fingerprint <> p_fp OR j.fingerprint_version <> p_fpv THEN
 				outcome := 'mismatch';
@@ -165,7 +173,7 @@ BEGIN
 		-- Failed, expired, or a lease ran out: change it under the row lock.
 		SELECT * INTO j FROM jobs t WHERE t.id = j.id FOR UPDATE;
 		CONTINUE WHEN NOT FOUND; -- removed or replaced meanwhile
-		ts := clock_timestamp();
+		ts := {{fn}}.ledger_clock();
 		IF j.expires_at IS NOT NULL AND j.expires_at <= ts THEN
 			DELETE FROM attempts t WHERE t.job_id = j.id;
 			UPDATE jobs t SET id = p_job, fingerprint = p_fp, fingerprint_version = p_fpv,
@@ -269,7 +277,7 @@ CREATE FUNCTION {{fn}}.complete(
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
-	ts timestamptz := clock_timestamp();
+	ts timestamptz := {{fn}}.ledger_clock();
 BEGIN
 	UPDATE jobs t SET state = 'completed', version = t.version + 1, completed_by = p_attempt,
 		completed_at = ts, expires_at = ts + t.retention, lease_until = NULL,
@@ -283,7 +291,7 @@ BEGIN
 	IF FOUND THEN
 		-- The job is completed: its lease no longer matters (reads apply
 		-- the attempts' own deadlines), so no refresh_lease here.
-		UPDATE attempts t SET state = 'succeeded', finished_at = ts WHERE t.id = p_attempt;
+		UPDATE attempts t SET state = 'succeeded', error = NULL, finished_at = ts WHERE t.id = p_attempt;
 		outcome := 'won'; -- its waiters are told by announce
 	ELSE
 		SELECT * INTO j FROM {{fn}}.lock_job(p_job, ts);
@@ -294,7 +302,7 @@ BEGIN
 		IF j.completed_by = p_attempt THEN
 			outcome := 'won'; -- a repeat by the winner
 		ELSE
-			ts := clock_timestamp();
+			ts := {{fn}}.ledger_clock();
 			UPDATE attempts t SET state = 'lost', finished_at = ts,
 				error = CASE WHEN t.deadline <= ts THEN 'result arrived after attempt_deadline'
 					ELSE 'result arrived after the job was settled' END
@@ -311,7 +319,7 @@ BEGIN
 		response_body := j.response_body; response_size := j.response_size;
 		response_stored := j.response_stored;
 	END IF;
-	read_at := clock_timestamp(); -- the job as this call left it, by the ledger's clock
+	read_at := {{fn}}.ledger_clock(); -- the job as this call left it, by the ledger's clock
 END $$;
 
 -- blocked reports whether the locked job j takes no new attempt once
@@ -362,12 +370,12 @@ DECLARE
 	ts timestamptz;
 	lease interval := p_next_lease_us * interval '1 microsecond';
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
 	IF j.id IS NULL THEN
 		outcome := 'not_found';
 		RETURN;
 	END IF;
-	ts := clock_timestamp();
+	ts := {{fn}}.ledger_clock();
 	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
@@ -433,11 +441,11 @@ DECLARE
 	a attempts%ROWTYPE;
 	ts timestamptz;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
-	ts := clock_timestamp();
+	ts := {{fn}}.ledger_clock();
 	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
@@ -462,11 +470,11 @@ DECLARE
 	s text;
 	ts timestamptz;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
-	ts := clock_timestamp();
+	ts := {{fn}}.ledger_clock();
 	SELECT t.state INTO s FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		RETURN 'not_found';
@@ -502,12 +510,12 @@ DECLARE
 	ts timestamptz;
 	allowed boolean;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
 	IF j.id IS NULL THEN
 		outcome := 'not_found';
 		RETURN;
 	END IF;
-	ts := clock_timestamp();
+	ts := {{fn}}.ledger_clock();
 	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
@@ -557,11 +565,11 @@ DECLARE
 	a attempts%ROWTYPE;
 	ts timestamptz;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
-	ts := clock_timestamp();
+	ts := {{fn}}.ledger_clock();
 	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
@@ -598,11 +606,11 @@ DECLARE
 	ts timestamptz;
 	settles boolean := p_found OR p_absent;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
-	ts := clock_timestamp();
+	ts := {{fn}}.ledger_clock();
 	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
@@ -648,7 +656,7 @@ DECLARE
 	j jobs%ROWTYPE;
 	ts timestamptz;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, clock_timestamp());
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
@@ -658,7 +666,7 @@ BEGIN
 	IF j.state = 'completed' OR j.completed_by IS NOT NULL THEN
 		RETURN 'completed';
 	END IF;
-	ts := clock_timestamp();
+	ts := {{fn}}.ledger_clock();
 	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	IF p_cancel AND j.state = 'failed'
 		AND NOT EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state IN ('starting', 'unknown')) THEN
@@ -693,7 +701,7 @@ CREATE FUNCTION {{fn}}.sweep(p_limit integer, OUT unknown integer, OUT removed i
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_job uuid;
-	ts timestamptz := clock_timestamp();
+	ts timestamptz := {{fn}}.ledger_clock();
 BEGIN
 	unknown := 0;
 	FOR v_job IN

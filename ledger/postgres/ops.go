@@ -305,17 +305,25 @@ func (l *Ledger) SaveBody(ctx context.Context, ref ledger.AttemptRef, body []byt
 		body = nil
 	}
 	// The waiters are woken (a duplicate on another instance waits for a
-	// streamed answer's end to replay it), in the same statement.
-	tag, err := l.pool.Exec(ctx, `WITH saved AS (
-		UPDATE jobs SET response_body = $3, response_size = $4, response_stored = $5
-		WHERE id = $1 AND completed_by = $2 AND response_status IS NOT NULL
-		RETURNING id)
-		SELECT pg_notify($6, id::text) FROM saved`,
-		ref.JobID, ref.AttemptID, body, size, stored, l.channel)
-	if err != nil {
+	// streamed answer's end to replay it), in the same statement. A job
+	// gone or expired is not found, one another attempt won stale
+	// (fsm.SaveBody).
+	var found, saved int
+	err := l.pool.QueryRow(ctx, `WITH job AS (
+			SELECT id FROM jobs WHERE id = $1 AND (expires_at IS NULL OR expires_at > ledger_clock())),
+		saved AS (
+			UPDATE jobs t SET response_body = $3, response_size = $4, response_stored = $5
+			FROM job WHERE t.id = job.id AND t.completed_by = $2 AND t.response_status IS NOT NULL
+			RETURNING t.id),
+		notified AS (SELECT pg_notify($6, id::text) FROM saved)
+		SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM notified)`,
+		ref.JobID, ref.AttemptID, body, size, stored, l.channel).Scan(&found, &saved)
+	switch {
+	case err != nil:
 		return fmt.Errorf("postgres ledger: save body: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
+	case found == 0:
+		return ledger.ErrNotFound
+	case saved == 0:
 		return ledger.ErrStale
 	}
 	return nil

@@ -21,7 +21,7 @@ import (
 const purgeQuery = `WITH gone AS (
 	DELETE FROM jobs j WHERE owner_hash = $1 AND state IN ('completed', 'failed')
 		AND NOT (response_size < 0 AND NOT response_stored AND EXISTS (
-			SELECT 1 FROM attempts a WHERE a.id = j.completed_by AND a.deadline > clock_timestamp()))
+			SELECT 1 FROM attempts a WHERE a.id = j.completed_by AND a.deadline > ledger_clock()))
 	RETURNING id),
 	notice AS (SELECT pg_notify($2, $3))
 	SELECT (SELECT count(*) FROM gone),

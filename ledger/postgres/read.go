@@ -18,11 +18,11 @@ import (
 // read as stored: leases are applied in Go against the server's clock.
 const jobColumns = `id, owner_hash, key_hash, fingerprint, fingerprint_version, fingerprint_scheme, state, version,
 	completed_by, extract(epoch FROM retention)::float8, created_at, completed_at, expires_at,
-	response_status, response_header, %s, response_size, response_stored, clock_timestamp()`
+	response_status, response_header, %s, response_size, response_stored, ledger_clock()`
 
 // effectiveState is the job's state with leases applied, for filtering.
 const effectiveState = `CASE WHEN state = 'pending' AND completed_by IS NULL
-	AND (lease_until IS NULL OR lease_until <= clock_timestamp()) THEN 'unknown' ELSE state END`
+	AND (lease_until IS NULL OR lease_until <= ledger_clock()) THEN 'unknown' ELSE state END`
 
 const attemptColumns = `id, job_id, number, provider, scope, state, job_version, started_at, deadline, finished_at, coalesce(error, ''), resend,
 	lookup_tries, lookup_last_status, lookup_last_at, lookup_next_at, lookup_settled, lookup_holder, lookup_until`
@@ -83,7 +83,7 @@ func (l *Ledger) load(ctx context.Context, jobID string) (*ledger.Job, time.Time
 		return nil, time.Time{}, ledger.ErrNotFound
 	}
 	var b pgx.Batch
-	b.Queue(fmt.Sprintf(`SELECT `+jobColumns+` FROM jobs WHERE id = $1 AND (expires_at IS NULL OR expires_at > clock_timestamp())`, "response_body"), jobID)
+	b.Queue(fmt.Sprintf(`SELECT `+jobColumns+` FROM jobs WHERE id = $1 AND (expires_at IS NULL OR expires_at > ledger_clock())`, "response_body"), jobID)
 	b.Queue(`SELECT `+attemptColumns+` FROM attempts WHERE job_id = $1 ORDER BY number`, jobID)
 	res := l.pool.SendBatch(ctx, &b)
 	defer res.Close()
@@ -177,7 +177,7 @@ func (l *Ledger) Find(ctx context.Context, ownerHash, keyHash []byte) (*ledger.J
 // wholeJob reads an unexpired job with its body and attempts (attemptsJSON)
 // in one row; the condition that picks the job follows.
 var wholeJob = fmt.Sprintf(`SELECT `+jobColumns+`, `+attemptsJSON+` FROM jobs
-	WHERE (expires_at IS NULL OR expires_at > clock_timestamp()) AND `, "response_body")
+	WHERE (expires_at IS NULL OR expires_at > ledger_clock()) AND `, "response_body")
 
 // scanWhole reads a row of wholeJob: the job, its attempts and the
 // server's clock from one snapshot, so the attempts are the job's even
@@ -227,7 +227,7 @@ func (l *Ledger) Jobs(ctx context.Context, q ledger.JobQuery) (ledger.JobPage, e
 		before = q.Before
 	}
 	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT `+jobColumns+` FROM jobs
-		WHERE (expires_at IS NULL OR expires_at > clock_timestamp())
+		WHERE (expires_at IS NULL OR expires_at > ledger_clock())
 		AND ($1 = '' OR `+effectiveState+` = $1)
 		AND ($2 = '' OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.id AND a.provider = $2))
 		AND ($3::uuid IS NULL OR id < $3::uuid)
