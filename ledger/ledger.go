@@ -354,6 +354,15 @@ const (
 	// ReasonLookupLost: a lookup found that the provider acted on the
 	// attempt after another result had won (SettleLookup).
 	ReasonLookupLost = "the provider's lookup found it acted after another result had won"
+	// ReasonLateSettled: the attempt's result came after the job was
+	// settled, by another result or an operator (Complete).
+	ReasonLateSettled = "result arrived after the job was settled"
+	// ReasonLateDeadline: the attempt's result came after its
+	// attempt_deadline (Complete).
+	ReasonLateDeadline = "result arrived after attempt_deadline"
+	// ReasonResolved: an operator settled the job while the attempt could
+	// still report (Resolve).
+	ReasonResolved = "resolved by an operator"
 )
 
 // Errors returned by ledgers. Any other error means the ledger could not

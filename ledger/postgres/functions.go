@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // The functions of the ledger are versioned apart from its tables. A
@@ -37,10 +39,21 @@ const functionsVersion = 12
 const maxIdentifier = 63
 
 //go:embed functions.sql
-var functionsTemplate string
+var functionsFile string
 
-// functionsChecksum identifies functions.sql, as recorded with its version:
-// a ledger refuses another text under the same version.
+// functionsTemplate is functions.sql with Go's names in it: the reasons
+// the ledger records itself and the operator's provider, as literals.
+var functionsTemplate = strings.NewReplacer(
+	"{{ReasonLeaseExpired}}", quoteLiteral(ledger.ReasonLeaseExpired),
+	"{{ReasonLateDeadline}}", quoteLiteral(ledger.ReasonLateDeadline),
+	"{{ReasonLateSettled}}", quoteLiteral(ledger.ReasonLateSettled),
+	"{{ReasonResolved}}", quoteLiteral(ledger.ReasonResolved),
+	"{{AdminProvider}}", quoteLiteral(ledger.AdminProvider),
+).Replace(functionsFile)
+
+// functionsChecksum identifies functions.sql with Go's names in it, as
+// recorded with its version: a ledger refuses another text under the same
+// version.
 var functionsChecksum = func() string {
 	sum := sha256.Sum256([]byte(functionsTemplate))
 	return hex.EncodeToString(sum[:])

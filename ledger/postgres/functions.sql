@@ -9,7 +9,12 @@
 -- release's connections put {{fn}} first in their search_path. Table names
 -- are unqualified (the search_path finds the ledger's tables); calls
 -- between these functions name {{fn}}, and notifications go to the
--- ledger's channel {{channel}}, which old and new gateways share.
+-- ledger's channel {{channel}}, which old and new gateways share. The
+-- reasons the ledger records itself and the operator's provider name are
+-- Go's (placeholders named after the Go constants, replaced by their
+-- quoted values); the
+-- states are spelled as in Go, which the differential test holds them to
+-- (ledger/ledgertest/differential).
 --
 -- Every transition is idempotent by the ids the gateway chose (job id,
 -- attempt ids): applied twice, it has the effect of once and returns what
@@ -52,6 +57,32 @@ LANGUAGE sql AS $$
 	SELECT * FROM jobs WHERE id = p_job AND (expires_at IS NULL OR expires_at > p_now) FOR UPDATE;
 $$;
 
+-- open_job opens a transition of job p_job: it locks the job if it exists
+-- and has not expired (j.id is NULL otherwise), reads the ledger's clock
+-- once the lock is held (ts), records the leases that ran out by then
+-- (refresh_lease, fsm.ApplyLeases) and returns the job as it then is.
+CREATE FUNCTION {{fn}}.open_job(p_job uuid, OUT j jobs, OUT ts timestamptz)
+LANGUAGE plpgsql AS $$
+BEGIN
+	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
+	IF j.id IS NULL THEN
+		RETURN;
+	END IF;
+	ts := {{fn}}.ledger_clock();
+	PERFORM {{fn}}.refresh_lease(p_job, ts);
+	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
+END $$;
+
+-- blocks reports whether attempt a of job j blocks new attempts
+-- (ledger.Job.BlockedBy, docs/contract.md rule 1): it is starting or
+-- unknown, or lost while no result won and no operator settled the job
+-- since it started (its job_version is the job's version).
+CREATE FUNCTION {{fn}}.blocks(j jobs, a attempts) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+	SELECT a.state IN ('starting', 'unknown')
+		OR (a.state = 'lost' AND j.completed_by IS NULL AND a.job_version = j.version);
+$$;
+
 -- refresh_lease records the job's starting attempts whose deadline passed as
 -- unknown (fsm.ApplyLeases), recomputes lease_until, and makes the job
 -- unknown when nothing is starting and an attempt blocks new ones: it is
@@ -68,13 +99,12 @@ DECLARE
 	stuck boolean;
 	now_state text;
 BEGIN
-	UPDATE attempts SET state = 'unknown', finished_at = deadline, error = 'lease expired'
+	UPDATE attempts SET state = 'unknown', finished_at = deadline, error = {{ReasonLeaseExpired}}
 	WHERE job_id = p_job AND state = 'starting' AND deadline <= p_now;
 	GET DIAGNOSTICS n = ROW_COUNT;
 	SELECT t.state, t.state IN ('pending', 'failed') AND t.completed_by IS NULL
 		AND NOT EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state = 'starting')
-		AND EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job
-			AND (x.state = 'unknown' OR (x.state = 'lost' AND x.job_version = t.version)))
+		AND EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND {{fn}}.blocks(t, x))
 	INTO was, stuck FROM jobs t WHERE t.id = p_job;
 	UPDATE jobs t SET
 		lease_until = (SELECT max(x.deadline) FROM attempts x WHERE x.job_id = p_job AND x.state = 'starting'),
@@ -249,8 +279,7 @@ BEGIN
 		-- The attempt that blocks new ones (fsm.Blocking): the live one with
 		-- the latest deadline, else the blocking one with the latest deadline.
 		SELECT * INTO a FROM attempts t
-		WHERE t.job_id = j.id AND (t.state IN ('starting', 'unknown')
-			OR (t.state = 'lost' AND j.completed_by IS NULL AND t.job_version = j.version))
+		WHERE t.job_id = j.id AND {{fn}}.blocks(j, t)
 		ORDER BY (t.state = 'starting' AND t.deadline > ts) DESC, t.deadline DESC
 		LIMIT 1;
 	END IF;
@@ -304,8 +333,8 @@ BEGIN
 		ELSE
 			ts := {{fn}}.ledger_clock();
 			UPDATE attempts t SET state = 'lost', finished_at = ts,
-				error = CASE WHEN t.deadline <= ts THEN 'result arrived after attempt_deadline'
-					ELSE 'result arrived after the job was settled' END
+				error = CASE WHEN t.deadline <= ts THEN {{ReasonLateDeadline}}
+					ELSE {{ReasonLateSettled}} END
 			WHERE t.id = p_attempt AND t.state NOT IN ('cancelled', 'lost');
 			PERFORM {{fn}}.refresh_lease(p_job, ts); -- an unbeaten lost result leaves the job unknown
 			SELECT * INTO j FROM jobs t WHERE t.id = p_job;
@@ -329,8 +358,7 @@ END $$;
 CREATE FUNCTION {{fn}}.blocked(j jobs, p_attempt uuid) RETURNS boolean
 LANGUAGE sql STABLE AS $$
 	SELECT j.completed_by IS NOT NULL OR j.state IN ('completed', 'failed')
-		OR EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = j.id AND x.id <> p_attempt
-			AND (x.state IN ('starting', 'unknown') OR (x.state = 'lost' AND x.job_version = j.version)));
+		OR EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = j.id AND x.id <> p_attempt AND {{fn}}.blocks(j, x));
 $$;
 
 -- after_failure settles the locked job p_job once p_attempt failed with no
@@ -366,17 +394,18 @@ CREATE FUNCTION {{fn}}.fail(
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
+	o record; -- open_job's answer
 	a attempts%ROWTYPE;
 	ts timestamptz;
 	lease interval := p_next_lease_us * interval '1 microsecond';
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
+	SELECT * INTO o FROM {{fn}}.open_job(p_job);
+	j := o.j;
+	ts := o.ts;
 	IF j.id IS NULL THEN
 		outcome := 'not_found';
 		RETURN;
 	END IF;
-	ts := {{fn}}.ledger_clock();
-	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		outcome := 'not_found';
@@ -438,16 +467,16 @@ CREATE FUNCTION {{fn}}.unsent(p_job uuid, p_attempt uuid, p_reason text) RETURNS
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
+	o record; -- open_job's answer
 	a attempts%ROWTYPE;
 	ts timestamptz;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
+	SELECT * INTO o FROM {{fn}}.open_job(p_job);
+	j := o.j;
+	ts := o.ts;
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
-	ts := {{fn}}.ledger_clock();
-	PERFORM {{fn}}.refresh_lease(p_job, ts);
-	SELECT * INTO j FROM jobs t WHERE t.id = p_job;
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		RETURN 'not_found';
@@ -505,18 +534,19 @@ CREATE FUNCTION {{fn}}.start_attempt(p_job uuid, p_version bigint, p_attempt uui
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
+	o record; -- open_job's answer
 	a attempts%ROWTYPE;
 	r attempts%ROWTYPE;
 	ts timestamptz;
 	allowed boolean;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
+	SELECT * INTO o FROM {{fn}}.open_job(p_job);
+	j := o.j;
+	ts := o.ts;
 	IF j.id IS NULL THEN
 		outcome := 'not_found';
 		RETURN;
 	END IF;
-	ts := {{fn}}.ledger_clock();
-	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		SELECT * INTO j FROM jobs t WHERE t.id = p_job;
@@ -528,8 +558,7 @@ BEGIN
 				outcome := 'not_found';
 				RETURN;
 			END IF;
-			allowed := j.completed_by IS NULL AND j.state NOT IN ('completed', 'failed')
-				AND (r.state = 'unknown' OR (r.state = 'lost' AND r.job_version = j.version))
+			allowed := j.completed_by IS NULL AND j.state NOT IN ('completed', 'failed') AND {{fn}}.blocks(j, r)
 				AND NOT EXISTS (SELECT 1 FROM attempts t WHERE t.job_id = p_job AND t.state = 'starting');
 		END IF;
 		IF NOT allowed OR j.version <> p_version THEN
@@ -562,15 +591,16 @@ CREATE FUNCTION {{fn}}.claim_lookup(p_job uuid, p_attempt uuid, p_holder text, p
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
+	o record; -- open_job's answer
 	a attempts%ROWTYPE;
 	ts timestamptz;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
+	SELECT * INTO o FROM {{fn}}.open_job(p_job);
+	j := o.j;
+	ts := o.ts;
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
-	ts := {{fn}}.ledger_clock();
-	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		RETURN 'not_found';
@@ -602,16 +632,17 @@ RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
 	j jobs%ROWTYPE;
+	o record; -- open_job's answer
 	a attempts%ROWTYPE;
 	ts timestamptz;
 	settles boolean := p_found OR p_absent;
 BEGIN
-	SELECT * INTO j FROM {{fn}}.lock_job(p_job, {{fn}}.ledger_clock());
+	SELECT * INTO o FROM {{fn}}.open_job(p_job);
+	j := o.j;
+	ts := o.ts;
 	IF j.id IS NULL THEN
 		RETURN 'not_found';
 	END IF;
-	ts := {{fn}}.ledger_clock();
-	PERFORM {{fn}}.refresh_lease(p_job, ts);
 	SELECT * INTO a FROM attempts t WHERE t.id = p_attempt AND t.job_id = p_job;
 	IF NOT FOUND THEN
 		RETURN 'not_found';
@@ -672,14 +703,14 @@ BEGIN
 		AND NOT EXISTS (SELECT 1 FROM attempts x WHERE x.job_id = p_job AND x.state IN ('starting', 'unknown')) THEN
 		RETURN 'ok';
 	END IF;
-	UPDATE attempts SET state = 'cancelled', finished_at = ts, error = 'resolved by an operator'
+	UPDATE attempts SET state = 'cancelled', finished_at = ts, error = {{ReasonResolved}}
 	WHERE job_id = p_job AND state IN ('starting', 'unknown');
 	IF p_cancel THEN
 		UPDATE jobs t SET state = 'failed', version = t.version + 1, completed_at = ts,
 			expires_at = ts + t.retention, lease_until = NULL
 		WHERE t.id = p_job;
 	ELSE
-		INSERT INTO attempts VALUES (p_admin, p_job, j.attempt_count + 1, 'admin', 'succeeded',
+		INSERT INTO attempts VALUES (p_admin, p_job, j.attempt_count + 1, {{AdminProvider}}, 'succeeded',
 			j.version + 1, ts, ts, ts, NULL)
 		ON CONFLICT DO NOTHING;
 		IF NOT FOUND THEN

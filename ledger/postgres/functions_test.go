@@ -21,7 +21,7 @@ var released = map[int]string{
 	9:  "eebefb627f4a18f0b22cbd2826d2ff903b6f6164a82d23f1994c63d26d7d0dae",
 	10: "03b369d9b35e25915b76b287d25671bcccd153cfec4a800836aaef688f2ce14d",
 	11: "ea4a879edf67e6ba8f5ced25c9ff0345dc0e941bac58fb099eff45f1582efee5",
-	12: "b111b0e30a0f92f0f7ba8fb7392bbe15df3d7761b9538fa0ed064be356e36efd",
+	12: "4eeabb342857537db40a1ada8641e750545a765a1e724a418995f3bcf652301e",
 }
 
 // quotedFn is the functions' schema of schema onejob as functions.sql

@@ -118,7 +118,14 @@ func buildScripts(publish string) scriptSet {
 	b.WriteString("local JOB_FIELDS = {" + quote(jobFields) + "}\n")
 	b.WriteString("local JOB_FIELDS_BODY = {" + quote(append(jobFields[:len(jobFields):len(jobFields)], "body")) + "}\n")
 	b.WriteString("local ATTEMPT_FIELDS = {" + quote(attemptFields) + "}\n")
-	b.WriteString("local LEASE_EXPIRED = " + strconv.Quote(ledger.ReasonLeaseExpired) + "\n")
+	for _, c := range [][2]string{
+		{"LEASE_EXPIRED", ledger.ReasonLeaseExpired},
+		{"LATE_SETTLED", ledger.ReasonLateSettled},
+		{"LATE_DEADLINE", ledger.ReasonLateDeadline},
+		{"RESOLVED", ledger.ReasonResolved},
+	} {
+		b.WriteString("local " + c[0] + " = " + strconv.Quote(c[1]) + "\n")
+	}
 	b.WriteString("local PUBLISH = " + strconv.Quote(publish) + "\n")
 	b.WriteString(read("lib.lua"))
 	lib := b.String()

@@ -213,9 +213,9 @@ func Complete(j *ledger.Job, ref ledger.AttemptRef, resp ledger.Response, now ti
 	switch a.State {
 	case ledger.AttemptCancelled, ledger.AttemptLost:
 	default:
-		reason := "result arrived after the job was settled"
+		reason := ledger.ReasonLateSettled
 		if !now.Before(a.Deadline) {
-			reason = "result arrived after attempt_deadline"
+			reason = ledger.ReasonLateDeadline
 		}
 		finish(a, ledger.AttemptLost, reason, now)
 	}
@@ -389,7 +389,7 @@ func Resolve(j *ledger.Job, r ledger.Resolution, now time.Time) error {
 	for i := range j.Attempts {
 		a := &j.Attempts[i]
 		if a.State == ledger.AttemptStarting || a.State == ledger.AttemptUnknown {
-			finish(a, ledger.AttemptCancelled, "resolved by an operator", now)
+			finish(a, ledger.AttemptCancelled, ledger.ReasonResolved, now)
 		}
 	}
 	j.Version++

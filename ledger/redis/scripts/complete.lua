@@ -29,9 +29,9 @@ if J.ver == tonumber(ARGV[3]) and J.by == '' and running(a) and now < a.dl then
 	return job_answer('won', now, J, false)
 end
 if a.s ~= 'cancelled' and a.s ~= 'lost' then
-	local reason = 'result arrived after the job was settled'
+	local reason = LATE_SETTLED
 	if now >= a.dl then
-		reason = 'result arrived after attempt_deadline'
+		reason = LATE_DEADLINE
 	end
 	finish(J, a, 'lost', reason, now)
 end

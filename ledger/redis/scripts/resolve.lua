@@ -23,7 +23,7 @@ end
 if not repeated and not (cancel and J.state == 'failed' and not has_running(J, A)) then
 	for i = 1, J.n do
 		if running(A[i]) then
-			finish(J, A[i], 'cancelled', 'resolved by an operator', now)
+			finish(J, A[i], 'cancelled', RESOLVED, now)
 		end
 	end
 	bump(J)
