@@ -178,3 +178,111 @@ func repeating(h Harness, concurrent bool) Harness {
 		},
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
+
+// testRepeatsByID repeats each call with the ids of the first, as a
+// gateway does when a reply is lost, and checks that each answers as the
+// first did: reservations, failover, hedges, completions, resolutions.
+func testRepeatsByID(t *testing.T, h Harness) {
+	l := h.New(t)
+	p := fresh(params(long))
+	r1, err := l.Reserve(ctx(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := l.Reserve(ctx(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Outcome != ledger.Created || r2.Job.ID != p.JobID || r2.Attempt.ID != p.Attempt.ID || r2.Attempt.Number != 1 {
+		t.Fatalf("repeated reserve = %v job %s attempt %+v; want created again with the same ids", r2.Outcome, r2.Job.ID, r2.Attempt)
+	}
+	if !r2.Attempt.Deadline.Equal(r1.Attempt.Deadline) {
+		t.Errorf("repeated reserve moved the deadline: %v -> %v", r1.Attempt.Deadline, r2.Attempt.Deadline)
+	}
+	fo := next("fallback", long)
+	n1, err := l.Fail(ctx(t), r1.Attempt.Ref(), "503", &fo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, err := l.Fail(ctx(t), r1.Attempt.Ref(), "503", &fo)
+	if err != nil || n2 == nil || n2.ID != fo.ID || n2.Number != n1.Number {
+		t.Fatalf("repeated failover = %+v, %v; want attempt %s again", n2, err, fo.ID)
+	}
+	hn := next("third", long)
+	h1, err := l.Hedge(ctx(t), n1.Ref(), hn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2, err := l.Hedge(ctx(t), n1.Ref(), hn); err != nil || h2.ID != h1.ID || h2.Number != 3 {
+		t.Fatalf("repeated hedge = %+v, %v", h2, err)
+	}
+	c1 := complete(t, l, n1, "won", true)
+	c2 := complete(t, l, n1, "won", true)
+	if c2.Job.CompletedBy != n1.ID || c2.Job.Version != c1.Job.Version {
+		t.Errorf("repeated completion by the winner: %+v", c2.Job)
+	}
+	complete(t, l, &h1, "lost", false)
+	complete(t, l, &h1, "lost", false)
+	j := job(t, l, p.JobID)
+	wantState(t, j, ledger.JobCompleted, ledger.AttemptFailed, ledger.AttemptSucceeded, ledger.AttemptLost)
+	if j.Version != c1.Job.Version || string(j.Response.Body) != "won" {
+		t.Errorf("after repeats: version %d body %q", j.Version, j.Response.Body)
+	}
+	// Replays put a completed job among those a ledger keeps in the
+	// process; a repeat of the reservation whose attempt won (its reply
+	// was lost) still answers as the first call did, by that attempt.
+	w := fresh(params(long))
+	rw, err := l.Reserve(ctx(t), w)
+	if err != nil || rw.Outcome != ledger.Created {
+		t.Fatalf("reserve = %v, %v", rw.Outcome, err)
+	}
+	complete(t, l, rw.Attempt, "won", true)
+	reserve(t, l, w, ledger.Done)
+	reserve(t, l, w, ledger.Done)
+	if r3, err := l.Reserve(ctx(t), w); err != nil || r3.Outcome != ledger.Created || r3.Attempt == nil ||
+		r3.Attempt.ID != w.Attempt.ID || r3.Attempt.State != ledger.AttemptSucceeded {
+		t.Errorf("repeated reserve after replays = %v attempt %+v, %v; want created, its attempt as it is now (succeeded)", r3.Outcome, r3.Attempt, err)
+	}
+	// A re-open repeated starts one attempt.
+	q := fresh(params(long))
+	rq := reserve(t, l, q, ledger.Created)
+	if _, err := l.Fail(ctx(t), rq.Attempt.Ref(), "503", nil); err != nil {
+		t.Fatal(err)
+	}
+	q = fresh(q)
+	o1, err := l.Reserve(ctx(t), q)
+	if err != nil || o1.Outcome != ledger.Reopened {
+		t.Fatalf("re-open = %v, %v", o1.Outcome, err)
+	}
+	o2, err := l.Reserve(ctx(t), q)
+	if err != nil || o2.Outcome != ledger.Reopened || o2.Attempt.ID != q.Attempt.ID || o2.Job.Version != o1.Job.Version {
+		t.Fatalf("repeated re-open = %v attempt %+v version %d, %v", o2.Outcome, o2.Attempt, o2.Job.Version, err)
+	}
+	wantState(t, job(t, l, rq.Job.ID), ledger.JobPending, ledger.AttemptFailed, ledger.AttemptStarting)
+	// An operator's completion repeated with its attempt id.
+	resp := response("by hand")
+	res := ledger.Resolution{Response: &resp, AttemptID: ledger.NewID()}
+	if _, err := l.Resolve(ctx(t), rq.Job.ID, res); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := l.Resolve(ctx(t), rq.Job.ID, res)
+	if err != nil || j2.CompletedBy != res.AttemptID {
+		t.Fatalf("repeated resolve = %+v, %v", j2, err)
+	}
+	if n := len(job(t, l, rq.Job.ID).Attempts); n != 3 {
+		t.Errorf("repeated resolve left %d attempts, want 3", n)
+	}
+	// Replays of the resolved job, then a repeat of the re-open (its
+	// reply lost): answered with its attempt, which did not win, so that
+	// the gateway can record it never sent — not done from the jobs kept
+	// in the process, which may not list it (PostgreSQL keeps them
+	// without their attempts).
+	reserve(t, l, fresh(q), ledger.Done)
+	reserve(t, l, fresh(q), ledger.Done)
+	q.Repeat = true
+	if o3, err := l.Reserve(ctx(t), q); err != nil || o3.Outcome != ledger.Reopened || o3.Attempt == nil || o3.Attempt.ID != q.Attempt.ID {
+		t.Errorf("repeated re-open after the job was resolved and replayed = %v attempt %+v, %v; want re-opened, its attempt", o3.Outcome, o3.Attempt, err)
+	}
+}
