@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -123,12 +122,15 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 	}
 	// The rules Provision applies, the values together: an error points at
 	// the subdirective it names, else at the directive.
-	if err := h.check(); err != nil {
+	if err := h.checkGiven(func(name string) bool { _, ok := seen[name]; return ok }); err != nil {
 		var fe *fieldError
-		tok := directive
+		tok, found := directive, false
 		if errors.As(err, &fe) {
-			if t, ok := seen[fe.name]; ok {
-				tok = t
+			// The line of the field it names; of the later of two.
+			for _, name := range []string{fe.name, fe.with} {
+				if t, ok := seen[name]; ok && (!found || t.Line > tok.Line) {
+					tok, found = t, true
+				}
 			}
 		}
 		return wrapAt(tok, err)
@@ -174,29 +176,20 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 	var err error
 	switch name {
 	case "scope":
-		if h.Scope, err = one(d, args); err == nil && !validName(h.Scope) {
-			return d.Errf("scope %q: want 1 to %d visible characters, no spaces", h.Scope, maxNameLen)
-		}
+		h.Scope, err = one(d, args)
 	case "owner":
-		if h.Owner, err = one(d, args); err == nil {
-			err = at(d, checkOwner(h.Owner))
-		}
+		h.Owner, err = one(d, args)
 	case "owner_secret":
 		if h.OwnerSecret, err = one(d, args); err == nil {
 			err = at(d, checkOwnerSecret(h.OwnerSecret))
 		}
 	case "key_header":
-		if h.KeyHeader, err = one(d, args); err == nil {
-			err = at(d, checkKeyHeader(h.KeyHeader))
-		}
+		h.KeyHeader, err = one(d, args)
 	case "methods":
 		if len(args) == 0 {
 			return d.ArgErr()
 		}
 		for _, m := range args {
-			if err := checkMethod(m); err != nil {
-				return d.WrapErr(err)
-			}
 			h.Methods = append(h.Methods, strings.ToUpper(m))
 		}
 	case "require_key":
@@ -204,11 +197,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 			return d.ArgErr()
 		}
 		h.RequireKey = true
-		err = h.checkImplicitKey(d)
 	case "implicit_key":
-		if h.ImplicitKey, err = duration(d, name, args); err == nil {
-			err = h.checkImplicitKey(d)
-		}
+		h.ImplicitKey, err = duration(d, name, args)
 	case "fingerprint":
 		if h.Fingerprint, err = one(d, args); err != nil {
 			return err
@@ -220,11 +210,6 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 	case "fingerprint_headers":
 		if len(args) == 0 {
 			return d.ArgErr()
-		}
-		for _, name := range args {
-			if err := checkHeaderName(name); err != nil {
-				return d.Errf("fingerprint_headers: %v", err)
-			}
 		}
 		h.FingerprintHeaders = args
 	case "max_request_body", "max_response_body":
@@ -239,22 +224,13 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		if len(args) == 0 {
 			return d.ArgErr()
 		}
-		for _, name := range args {
-			if err := checkNeverStore(name); err != nil {
-				return d.WrapErr(err)
-			}
-		}
 		h.NeverStore = args
 	case "encryption":
 		err = h.parseEncryption(d, args)
 	case "in_flight":
 		err = h.parseInFlight(d, args)
 	case "status_path":
-		if h.StatusPath, err = one(d, args); err == nil {
-			if perr := checkStatusPath(h.StatusPath); perr != nil {
-				return d.Err(perr.Error())
-			}
-		}
+		h.StatusPath, err = one(d, args)
 	case "contract":
 		if len(args) != 0 {
 			return d.ArgErr()
@@ -266,23 +242,11 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		if len(args) == 0 {
 			return d.ArgErr()
 		}
-		if _, perr := checkFailoverOn(args); perr != nil {
-			return d.Err(perr.Error())
-		}
 		h.FailoverOn = args
 	default:
 		return d.Errf("unknown subdirective %q", name)
 	}
 	return err
-}
-
-// checkImplicitKey applies the rule Provision applies to implicit_key and
-// require_key, at the line of the second of the two.
-func (h *Handler) checkImplicitKey(d *caddyfile.Dispenser) error {
-	if err := proxy.CheckImplicitKey(time.Duration(h.ImplicitKey), h.RequireKey); err != nil {
-		return d.Err(err.Error())
-	}
-	return nil
 }
 
 func one(d *caddyfile.Dispenser, args []string) (string, error) {

@@ -27,6 +27,7 @@ import (
 type fieldError struct {
 	name string
 	err  error
+	with string // a second field the rule holds name to, if any
 }
 
 func (e *fieldError) Error() string { return e.err.Error() }
@@ -139,32 +140,39 @@ func (c *ContractConfig) check() error {
 // check is every rule of the handler's config that can be judged before
 // anything is opened: each value on its own, then the values together
 // (with the defaults of those left out). Provision applies it to JSON; the
-// Caddyfile parser applies it once the directive is read, pointing at the
-// line of the subdirective an error names. Fingerprint selections and the
-// files a contract names are judged when they are compiled.
-func (h *Handler) check() error {
-	if err := h.checkValues(); err != nil {
+// Caddyfile parser applies it once the directive is read (checkGiven),
+// pointing at the line of the subdirective an error names. Fingerprint
+// selections and the files a contract names are judged when they are
+// compiled.
+func (h *Handler) check() error { return h.checkGiven(nil) }
+
+// checkGiven is check, given which subdirectives a Caddyfile wrote: an
+// empty string written there (scope "") is judged, where JSON's empty
+// field is one left out.
+func (h *Handler) checkGiven(given func(name string) bool) error {
+	if err := h.checkValues(given); err != nil {
 		return err
 	}
 	return h.checkTogether()
 }
 
-func (h *Handler) checkValues() error {
+func (h *Handler) checkValues(given func(name string) bool) error {
 	at := func(name string, err error) error {
 		if err == nil {
 			return nil
 		}
 		return &fieldError{name: name, err: err}
 	}
-	if h.Scope != "" && !validName(h.Scope) {
+	set := func(name, v string) bool { return v != "" || (given != nil && given(name)) }
+	if set("scope", h.Scope) && !validName(h.Scope) {
 		return at("scope", fmt.Errorf("scope %q: want 1 to %d visible characters, no spaces", h.Scope, maxNameLen))
 	}
-	if h.Owner != "" {
+	if set("owner", h.Owner) {
 		if err := checkOwner(h.Owner); err != nil {
 			return at("owner", err)
 		}
 	}
-	if h.KeyHeader != "" {
+	if set("key_header", h.KeyHeader) {
 		if err := checkKeyHeader(h.KeyHeader); err != nil {
 			return at("key_header", err)
 		}
@@ -187,7 +195,7 @@ func (h *Handler) checkValues() error {
 			return at("never_store", fmt.Errorf("never_store: %w", err))
 		}
 	}
-	if h.StatusPath != "" {
+	if set("status_path", h.StatusPath) {
 		if err := checkStatusPath(h.StatusPath); err != nil {
 			return at("status_path", err)
 		}
@@ -252,29 +260,32 @@ func (h *Handler) checkTogether() error {
 		if h.AttemptDeadline == 0 {
 			name = "attempt_timeout"
 		}
-		return &fieldError{name, fmt.Errorf("attempt_deadline (%v) is shorter than attempt_timeout (%v): an attempt's lease must outlast the wait for its answer", deadline, timeout)}
+		return &fieldError{name: name, err: fmt.Errorf("attempt_deadline (%v) is shorter than attempt_timeout (%v): an attempt's lease must outlast the wait for its answer", deadline, timeout)}
 	}
 	if h.InFlight == "reject" && h.InFlightWait != 0 {
-		return &fieldError{"in_flight", errors.New("in_flight reject answers duplicates at once: in_flight_wait has no meaning with it")}
+		return &fieldError{name: "in_flight", err: errors.New("in_flight reject answers duplicates at once: in_flight_wait has no meaning with it")}
 	}
 	if h.HedgeAfter != 0 {
 		if len(h.Providers) < 2 {
-			return &fieldError{"hedge_after", errors.New("hedge_after needs two provider blocks or more: a hedge goes to the next provider")}
+			return &fieldError{name: "hedge_after", err: errors.New("hedge_after needs two provider blocks or more: a hedge goes to the next provider")}
 		}
 		if hedge := time.Duration(h.HedgeAfter); hedge >= timeout {
-			return &fieldError{"hedge_after", fmt.Errorf("hedge_after (%v) must be shorter than attempt_timeout (%v): the attempt times out before a hedge would start", hedge, timeout)}
+			return &fieldError{name: "hedge_after", err: fmt.Errorf("hedge_after (%v) must be shorter than attempt_timeout (%v): the attempt times out before a hedge would start", hedge, timeout)}
 		}
 	}
 	if h.Contract == nil && len(h.FailoverOn) > 0 {
 		if f, err := checkFailoverOn(h.FailoverOn); err == nil && f.Contract {
-			return &fieldError{"failover_on", errors.New("failover_on contract needs a contract: without one no answer breaks it")}
+			return &fieldError{name: "failover_on", err: errors.New("failover_on contract needs a contract: without one no answer breaks it")}
 		}
 	}
+	if err := proxy.CheckImplicitKey(time.Duration(h.ImplicitKey), h.RequireKey); err != nil {
+		return &fieldError{name: "implicit_key", with: "require_key", err: err}
+	}
 	if h.ReconcileEvery != 0 && !slices.ContainsFunc(h.Providers, func(p *Provider) bool { return p.Lookup != nil }) {
-		return &fieldError{"reconcile_every", errors.New("reconcile_every needs a provider with a lookup: only lookups are run by the reconciler")}
+		return &fieldError{name: "reconcile_every", err: errors.New("reconcile_every needs a provider with a lookup: only lookups are run by the reconciler")}
 	}
 	if h.Probe != nil && len(h.Providers) == 0 {
-		return &fieldError{"probe", errors.New("probe needs provider blocks: in drop-in mode there is no provider to probe")}
+		return &fieldError{name: "probe", err: errors.New("probe needs provider blocks: in drop-in mode there is no provider to probe")}
 	}
 	return nil
 }
