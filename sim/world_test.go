@@ -97,8 +97,8 @@ type world struct {
 	final     []*ledger.Job       // every job, as the world ended
 	gone      map[string]bool     // jobs a purge removed
 	cancelled map[string]bool     // jobs an operator cancelled: what they decided stands
-	purged    string              // the owner an operator purged, if any
-	purgedAt  time.Time           // when that purge returned
+	purged    string              // the owner an operator purged (or is purging), if any
+	purgedAt  time.Time           // when that purge returned (zero while it runs)
 	holds     int                 // attempts and never-sent queues running in the gateways
 }
 
@@ -709,12 +709,15 @@ func (w *world) operator(done <-chan struct{}) {
 		if purge && w.draw("purge", round)%4 == 0 {
 			purge = false
 			owner := owners[w.draw("purged")%2]
+			// Named before the call: the purge removes jobs before it
+			// returns, and an attempt on its way may arrive in between.
+			w.mu.Lock()
+			w.purged = owner
+			w.mu.Unlock()
 			st, err := store.(ledger.Purger).Purge(context.Background(), proxy.NewHasher(nil).Owner(owner))
-			if err == nil {
-				w.mu.Lock()
-				w.purged, w.purgedAt = owner, time.Now()
-				w.mu.Unlock()
-			}
+			w.mu.Lock()
+			w.purgedAt = time.Now() // even after an error: it may have removed some
+			w.mu.Unlock()
 			w.logf("operator purges %s: %+v %v", owner, st, err)
 			continue
 		}
