@@ -14,6 +14,8 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/fingerprint"
+	"github.com/onejob/onejob/internal/jsonpointer"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -154,7 +156,7 @@ func (h *Handler) parseSelection(d *caddyfile.Dispenser) error {
 			return d.Errf("fingerprint json: %s needs at least one JSON pointer", which)
 		}
 		for _, p := range pointers {
-			if _, err := proxy.ParsePointer(p); err != nil {
+			if _, err := jsonpointer.Parse(p); err != nil {
 				return d.Errf("fingerprint json: %s: %v", which, err)
 			}
 		}
@@ -203,7 +205,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, name string, args []st
 		if h.Fingerprint, err = one(d, args); err != nil {
 			return err
 		}
-		if _, perr := proxy.ParseBodyMode(h.Fingerprint); perr != nil || h.Fingerprint == "" {
+		if _, perr := fingerprint.ParseBodyMode(h.Fingerprint); perr != nil || h.Fingerprint == "" {
 			return d.Errf("fingerprint must be raw, json or graphql, not %q", h.Fingerprint)
 		}
 		return h.parseSelection(d)
@@ -363,7 +365,7 @@ func parseJSONSchema(d *caddyfile.Dispenser, c *ContractConfig, args []string) e
 	switch {
 	case len(args) == 1:
 	case len(args) == 3 && args[1] == "at":
-		if _, err := proxy.ParsePointer(args[2]); err != nil {
+		if _, err := jsonpointer.Parse(args[2]); err != nil {
 			return d.Errf("contract: json_schema at: %v", err)
 		}
 		c.JSONSchemaAt = args[2]

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/proxy"
 )
@@ -149,7 +150,7 @@ func checkHandlerConfig(t *testing.T, in string, h *Handler) {
 		}
 	}
 	if h.Fingerprint != "" {
-		if _, err := proxy.ParseBodyMode(h.Fingerprint); err != nil {
+		if _, err := fingerprint.ParseBodyMode(h.Fingerprint); err != nil {
 			t.Fatalf("%q: fingerprint %q accepted: %v", in, h.Fingerprint, err)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/sealed"
 	"github.com/onejob/onejob/proxy"
@@ -310,7 +311,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		SetVar:             setVar,
 		Logger:             h.logger,
 	}
-	if cfg.Fingerprint, err = proxy.ParseBodyMode(h.Fingerprint); err != nil {
+	if cfg.Fingerprint, err = fingerprint.ParseBodyMode(h.Fingerprint); err != nil {
 		return err
 	}
 	if cfg.InFlightReject, err = inFlightReject(h.InFlight); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/proxy"
 )
 
@@ -103,7 +104,7 @@ func checkFingerprint(mode string) error {
 	if mode == "" {
 		return nil
 	}
-	_, err := proxy.ParseBodyMode(mode)
+	_, err := fingerprint.ParseBodyMode(mode)
 	return err
 }
 

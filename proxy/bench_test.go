@@ -14,7 +14,6 @@ import (
 
 // The middleware's own cost per request, in process, on the memory ledger,
 // next to the same handler without it: go test -bench . -benchmem ./proxy
-
 const (
 	benchBody   = `{"amount":4200,"currency":"eur","customer":{"id":"cus_42","email":"a@example.com"},"items":[1,2,3]}`
 	benchAnswer = `{"id":"ch_123","status":"succeeded","amount":4200,"currency":"eur"}`
@@ -94,14 +93,4 @@ func BenchmarkReplay(b *testing.B) {
 	var n atomic.Int64
 	serveBench(b, func(w http.ResponseWriter, r *http.Request) error { return m.ServeHTTP(w, r, benchNext) },
 		func() string { return "replay-" + strconv.FormatInt(n.Add(1)%64, 10) })
-}
-
-func BenchmarkCanonicalJSON(b *testing.B) {
-	body := []byte(benchBody)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, ok := CanonicalJSON(body); !ok {
-			b.Fatal("not canonical")
-		}
-	}
 }

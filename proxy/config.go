@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -161,7 +162,7 @@ type Config struct {
 
 	// Fingerprint says how bodies are hashed; FingerprintHeaders are
 	// request headers that enter the fingerprint too.
-	Fingerprint        BodyMode
+	Fingerprint        fingerprint.BodyMode
 	FingerprintHeaders []string
 	// FingerprintInclude, or else FingerprintExclude, are JSON Pointers
 	// (RFC 6901) to the members of a JSON body that count (only these) or
@@ -235,18 +236,18 @@ type Config struct {
 
 // selection returns the configured fingerprint selection, nil for the
 // whole body.
-func (c *Config) selection() (*selection, error) {
+func (c *Config) selection() (*fingerprint.Selection, error) {
 	if len(c.FingerprintInclude) == 0 && len(c.FingerprintExclude) == 0 {
 		return nil, nil
 	}
 	if len(c.FingerprintInclude) > 0 && len(c.FingerprintExclude) > 0 {
 		return nil, errors.New("proxy: fingerprint json takes include or exclude, not both")
 	}
-	if c.Fingerprint != BodyJSON {
+	if c.Fingerprint != fingerprint.BodyJSON {
 		return nil, fmt.Errorf("proxy: fingerprint %s cannot select members: include and exclude are for json", c.Fingerprint)
 	}
 	include := len(c.FingerprintInclude) > 0
-	sel, err := newSelection(include, append(slices.Clone(c.FingerprintInclude), c.FingerprintExclude...))
+	sel, err := fingerprint.NewSelection(include, append(slices.Clone(c.FingerprintInclude), c.FingerprintExclude...))
 	if err != nil {
 		return nil, fmt.Errorf("proxy: fingerprint json: %w", err)
 	}

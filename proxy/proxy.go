@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -22,7 +23,7 @@ import (
 type Middleware struct {
 	cfg    Config
 	policy fallback.Policy
-	fp     fingerprinter
+	fp     fingerprint.Fingerprinter
 	hasher Hasher
 
 	runners       pool // runs runs and tries
@@ -59,7 +60,7 @@ func New(cfg Config) (*Middleware, error) {
 			HedgeAfter: cfg.HedgeAfter,
 			Eligible:   cfg.Eligible,
 		},
-		fp:            newFingerprinter(cfg.Fingerprint, cfg.FingerprintHeaders, sel),
+		fp:            fingerprint.New(cfg.Fingerprint, cfg.FingerprintHeaders, sel),
 		hasher:        NewHasher(cfg.OwnerSecret),
 		statusBase:    statusBase(cfg.StatusPath),
 		deduplicating: slices.ContainsFunc(cfg.Providers, func(p Provider) bool { return p.Deduplicates != "" }),
@@ -152,12 +153,12 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 	if err != nil {
 		return err // the client went away mid-body; there is no job
 	}
-	var gq *GraphQLRequest
-	if m.cfg.Fingerprint == BodyGraphQL {
+	var gq *fingerprint.GraphQLRequest
+	if m.cfg.Fingerprint == fingerprint.BodyGraphQL {
 		// Only mutations are ledgered; a document that does not parse is
 		// forwarded as it is (the upstream owns GraphQL errors) and
 		// fingerprinted raw.
-		if g, ok := ParseGraphQL(body); ok {
+		if g, ok := fingerprint.ParseGraphQL(body); ok {
 			if !g.Mutation {
 				r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 				return next.ServeHTTP(w, r)
@@ -170,8 +171,8 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		JobID:              ledger.NewID(),
 		OwnerHash:          m.hasher.Owner(owner),
 		Fingerprint:        m.fp.SumGraphQL(r.Method, uri, r.Header, gq, body),
-		FingerprintVersion: m.fp.version(),
-		FingerprintScheme:  m.fp.scheme,
+		FingerprintVersion: m.fp.Version(),
+		FingerprintScheme:  m.fp.Scheme(),
 		Retention:          m.cfg.Retention,
 		Attempt:            m.newAttempt(m.cfg.Providers[0].Name),
 	}
@@ -193,14 +194,14 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request, next Hand
 		// The job's fingerprint may have been made another way (by an
 		// earlier configuration or release): fingerprint the request as
 		// its job was, and ask again.
-		if g, ok := m.fp.forJob(res.Job.FingerprintVersion, res.Job.FingerprintScheme); ok &&
-			(g.version() != params.FingerprintVersion || g.scheme != params.FingerprintScheme) {
-			if g.mode == m.fp.mode {
+		if g, ok := m.fp.ForJob(res.Job.FingerprintVersion, res.Job.FingerprintScheme); ok &&
+			(g.Version() != params.FingerprintVersion || g.Scheme() != params.FingerprintScheme) {
+			if g.Mode() == m.fp.Mode() {
 				params.Fingerprint = g.SumGraphQL(r.Method, uri, r.Header, gq, body)
 			} else {
 				params.Fingerprint = g.Sum(r.Method, uri, r.Header, body)
 			}
-			params.FingerprintVersion, params.FingerprintScheme = g.version(), g.scheme
+			params.FingerprintVersion, params.FingerprintScheme = g.Version(), g.Scheme()
 			issued = time.Now()
 			res, err = ledgerCall(m, r.Context(), "reserve", reserve)
 		}

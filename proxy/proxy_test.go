@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/memory"
 )
@@ -605,7 +606,7 @@ func TestFingerprintModesThroughMiddleware(t *testing.T) {
 		wantProblem(t, h.do(post("k", `{"a":1.0}`)), http.StatusUnprocessableEntity, ProblemKeyReused)
 	})
 	t.Run("raw: white space is a different request", func(t *testing.T) {
-		h := newHarness(t, Config{Fingerprint: BodyRaw}, nil)
+		h := newHarness(t, Config{Fingerprint: fingerprint.BodyRaw}, nil)
 		h.do(post("k", `{"a":1}`))
 		wantProblem(t, h.do(post("k", `{"a": 1}`)), http.StatusUnprocessableEntity, ProblemKeyReused)
 		if rec := h.do(post("k", `{"a":1}`)); rec.Header().Get(HeaderReplayed) != "true" {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/memory"
 )
@@ -103,7 +104,7 @@ func (h *harness) reserveAs(owner, key string, lease time.Duration) ledger.Reser
 		OwnerHash:          h.m.hasher.Owner(owner),
 		KeyHash:            h.m.hasher.Key(key),
 		Fingerprint:        []byte("fp"),
-		FingerprintVersion: FingerprintVersion,
+		FingerprintVersion: fingerprint.VersionWhole,
 		Retention:          time.Hour,
 		Attempt:            ledger.NewAttempt(DefaultProvider, lease),
 	})

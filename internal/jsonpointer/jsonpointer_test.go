@@ -2,6 +2,7 @@ package jsonpointer
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 )
 
@@ -31,5 +32,34 @@ func TestLookup(t *testing.T) {
 	}
 	if _, ok := (Pointer{"a"}).Lookup(nil); ok {
 		t.Error("a member of an empty document")
+	}
+}
+
+func TestParse(t *testing.T) {
+	good := map[string]Pointer{
+		"/a":       {"a"},
+		"/a/b":     {"a", "b"},
+		"/items/0": {"items", "0"},
+		"/":        {""},
+		"/a~1b":    {"a/b"},
+		"/m~0n":    {"m~n"},
+		"/~01":     {"~1"}, // ~1 is unescaped first: "~01" is "~" then "1"
+		"/a//b":    {"a", "", "b"},
+		"/ é":      {" é"},
+	}
+	for s, want := range good {
+		p, err := Parse(s)
+		if err != nil || !slices.Equal(p, want) {
+			t.Errorf("Parse(%q) = %q, %v; want %q", s, p, err, want)
+			continue
+		}
+		if p.String() != s {
+			t.Errorf("Parse(%q).String() = %q", s, p.String())
+		}
+	}
+	for _, s := range []string{"", "a", "a/b", "/-", "/items/-", "/~", "/a~", "/a~2", "/~x"} {
+		if p, err := Parse(s); err == nil {
+			t.Errorf("Parse(%q) = %q, want an error", s, p)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package proxy
+package fingerprint
 
 import (
 	"encoding/json"
@@ -29,7 +29,7 @@ type GraphQLRequest struct {
 //
 // In graphql mode the middleware parses the body once, with ParseGraphQL,
 // decides from Mutation whether to ledger the request, and computes its
-// fingerprint with fingerprinter.SumGraphQL, which does not parse it again.
+// fingerprint with Fingerprinter.SumGraphQL, which does not parse it again.
 //
 // The body must be canonical JSON's input: valid UTF-8, without duplicate
 // keys or unpaired surrogate escapes. "query" must be a string;

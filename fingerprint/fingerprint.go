@@ -1,4 +1,4 @@
-package proxy
+package fingerprint
 
 import (
 	"crypto/sha256"
@@ -12,12 +12,12 @@ import (
 // The versions of the fingerprint encoding below; the ledger stores a job's
 // beside its fingerprint, with its scheme (what the fingerprint covered).
 const (
-	// FingerprintVersion hashes the whole body.
-	FingerprintVersion = 1
-	// FingerprintVersionSelected hashes the members of a JSON body that a
+	// VersionWhole hashes the whole body.
+	VersionWhole = 1
+	// VersionSelected hashes the members of a JSON body that a
 	// selection names (fingerprint json { include|exclude }), and the
 	// scheme itself, so two selections never share a fingerprint.
-	FingerprintVersionSelected = 2
+	VersionSelected = 2
 )
 
 // BodyMode says how a request body enters the fingerprint.
@@ -61,13 +61,13 @@ func (m BodyMode) String() string {
 	return "json"
 }
 
-// fingerprinter computes the SHA-256 of a versioned, length-prefixed
+// Fingerprinter computes the SHA-256 of a versioned, length-prefixed
 // encoding of a request: method, original URI, the named headers (in the
 // order configured, each with all its values), and the body.
-type fingerprinter struct {
+type Fingerprinter struct {
 	mode    BodyMode
 	headers []string   // canonical header names
-	sel     *selection // in json mode, the members that count; nil: all
+	sel     *Selection // in json mode, the members that count; nil: all
 	scheme  string     // the scheme's text (schemeText), as jobs record it
 }
 
@@ -81,10 +81,10 @@ type schemeText struct {
 	Exclude []string `json:"exclude,omitempty"`
 }
 
-// newFingerprinter returns the fingerprinter of a body mode, headers
+// New returns the Fingerprinter of a body mode, headers
 // (canonical names) and selection (nil: the whole body; json mode only).
-func newFingerprinter(mode BodyMode, headers []string, sel *selection) fingerprinter {
-	f := fingerprinter{mode: mode, headers: headers, sel: sel}
+func New(mode BodyMode, headers []string, sel *Selection) Fingerprinter {
+	f := Fingerprinter{mode: mode, headers: headers, sel: sel}
 	t := schemeText{Body: mode.String(), Headers: headers}
 	if sel != nil {
 		if sel.include {
@@ -98,53 +98,61 @@ func newFingerprinter(mode BodyMode, headers []string, sel *selection) fingerpri
 	return f
 }
 
-// version is the encoding version of f's fingerprints.
-func (f fingerprinter) version() int {
+// Version is the encoding version of f's fingerprints.
+func (f Fingerprinter) Version() int {
 	if f.sel != nil {
-		return FingerprintVersionSelected
+		return VersionSelected
 	}
-	return FingerprintVersion
+	return VersionWhole
 }
 
-// forJob returns the fingerprinter that made the fingerprint of a job
+// ForJob returns the Fingerprinter that made the fingerprint of a job
 // recorded with version and scheme, so that a retry is fingerprinted as
 // its job was: f itself when they are f's. A job of an earlier release
 // (version 1, no scheme) was made by the whole body, in the mode and with
 // the headers configured then, taken to be f's. It returns false for a
 // version or scheme this gateway cannot make (a later release's).
-func (f fingerprinter) forJob(version int, scheme string) (fingerprinter, bool) {
-	if version == f.version() && scheme == f.scheme {
+func (f Fingerprinter) ForJob(version int, scheme string) (Fingerprinter, bool) {
+	if version == f.Version() && scheme == f.scheme {
 		return f, true
 	}
-	if version == FingerprintVersion && scheme == "" {
+	if version == VersionWhole && scheme == "" {
 		g := f
 		g.sel, g.scheme = nil, ""
 		return g, true
 	}
 	var t schemeText
 	if json.Unmarshal([]byte(scheme), &t) != nil {
-		return fingerprinter{}, false
+		return Fingerprinter{}, false
 	}
 	mode, err := ParseBodyMode(t.Body)
 	if err != nil || t.Body == "" {
-		return fingerprinter{}, false
+		return Fingerprinter{}, false
 	}
-	var sel *selection
+	var sel *Selection
 	if len(t.Include) > 0 || len(t.Exclude) > 0 {
 		if mode != BodyJSON || (len(t.Include) > 0 && len(t.Exclude) > 0) {
-			return fingerprinter{}, false
+			return Fingerprinter{}, false
 		}
-		if sel, err = newSelection(len(t.Include) > 0, append(t.Include, t.Exclude...)); err != nil {
-			return fingerprinter{}, false
+		if sel, err = NewSelection(len(t.Include) > 0, append(t.Include, t.Exclude...)); err != nil {
+			return Fingerprinter{}, false
 		}
 	}
-	g := newFingerprinter(mode, t.Headers, sel)
-	if g.version() != version {
-		return fingerprinter{}, false
+	g := New(mode, t.Headers, sel)
+	if g.Version() != version {
+		return Fingerprinter{}, false
 	}
 	g.scheme = scheme // as recorded, byte for byte
 	return g, true
 }
+
+// Mode is how f takes a request's body.
+func (f Fingerprinter) Mode() BodyMode { return f.mode }
+
+// Scheme is what f's fingerprints cover (the body's form, the headers,
+// the selection), as JSON: a job records it beside its fingerprint, and
+// ForJob reads it back. It is empty for a job of an earlier release.
+func (f Fingerprinter) Scheme() string { return f.scheme }
 
 func appendField(b []byte, s []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
@@ -154,7 +162,7 @@ func appendField(b []byte, s []byte) []byte {
 // Sum returns the fingerprint of a request whose body is body. In graphql
 // mode it parses the body; a caller that has parsed it already calls
 // SumGraphQL instead.
-func (f fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byte {
+func (f Fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byte {
 	switch f.mode {
 	case BodyJSON:
 		if canon, ok := CanonicalJSON(body); ok {
@@ -176,7 +184,7 @@ func (f fingerprinter) Sum(method, uri string, h http.Header, body []byte) []byt
 // SumGraphQL returns the fingerprint of a request whose body is body and
 // which ParseGraphQL parsed as g (nil when it returned false), without
 // parsing the body again: it equals Sum's. Outside graphql mode g is ignored.
-func (f fingerprinter) SumGraphQL(method, uri string, h http.Header, g *GraphQLRequest, body []byte) []byte {
+func (f Fingerprinter) SumGraphQL(method, uri string, h http.Header, g *GraphQLRequest, body []byte) []byte {
 	if f.mode != BodyGraphQL {
 		return f.Sum(method, uri, h, body)
 	}
@@ -189,10 +197,10 @@ func (f fingerprinter) SumGraphQL(method, uri string, h http.Header, g *GraphQLR
 // sum hashes the request's encoding, ending with the body's form (tag: 'r'
 // raw, 'j' canonical JSON, 'g' GraphQL, 's' selected JSON members) and the
 // length-prefixed payload. Version 2 puts the scheme after the version.
-func (f fingerprinter) sum(method, uri string, h http.Header, tag byte, payload []byte) []byte {
+func (f Fingerprinter) sum(method, uri string, h http.Header, tag byte, payload []byte) []byte {
 	enc := make([]byte, 0, 64+len(uri))
 	enc = append(enc, "onejob-fingerprint"...)
-	enc = binary.AppendUvarint(enc, uint64(f.version()))
+	enc = binary.AppendUvarint(enc, uint64(f.Version()))
 	if f.sel != nil {
 		enc = appendField(enc, []byte(f.scheme))
 	}

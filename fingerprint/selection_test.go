@@ -1,67 +1,37 @@
-package proxy
+package fingerprint
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/onejob/onejob/ledger/memory"
+	"github.com/onejob/onejob/internal/jsonpointer"
 )
-
-func TestParsePointer(t *testing.T) {
-	good := map[string]Pointer{
-		"/a":       {"a"},
-		"/a/b":     {"a", "b"},
-		"/items/0": {"items", "0"},
-		"/":        {""},
-		"/a~1b":    {"a/b"},
-		"/m~0n":    {"m~n"},
-		"/~01":     {"~1"}, // ~1 is unescaped first: "~01" is "~" then "1"
-		"/a//b":    {"a", "", "b"},
-		"/ é":      {" é"},
-	}
-	for s, want := range good {
-		p, err := ParsePointer(s)
-		if err != nil || !slices.Equal(p, want) {
-			t.Errorf("ParsePointer(%q) = %q, %v; want %q", s, p, err, want)
-			continue
-		}
-		if p.String() != s {
-			t.Errorf("ParsePointer(%q).String() = %q", s, p.String())
-		}
-	}
-	for _, s := range []string{"", "a", "a/b", "/-", "/items/-", "/~", "/a~", "/a~2", "/~x"} {
-		if p, err := ParsePointer(s); err == nil {
-			t.Errorf("ParsePointer(%q) = %q, want an error", s, p)
-		}
-	}
-}
 
 func FuzzParsePointer(f *testing.F) {
 	for _, s := range []string{"/a", "/a~1b/0", "/~01", "/-", "", "/~", "//"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		p, err := ParsePointer(s)
+		p, err := jsonpointer.Parse(s)
 		if err != nil {
 			return
 		}
 		// A pointer has one spelling: it prints as it was written, and
 		// reads back as the same tokens.
 		if p.String() != s {
-			t.Fatalf("ParsePointer(%q).String() = %q", s, p.String())
+			t.Fatalf("jsonpointer.Parse(%q).String() = %q", s, p.String())
 		}
-		q, err := ParsePointer(p.String())
+		q, err := jsonpointer.Parse(p.String())
 		if err != nil || !slices.Equal(p, q) {
 			t.Fatalf("%q reads back as %q, %v", s, q, err)
 		}
 		// It selects from any document without failing.
-		sel := &selection{include: true, pointers: []Pointer{p}}
+		sel := &Selection{include: true, pointers: []jsonpointer.Pointer{p}}
 		if _, ok := sel.apply([]byte(`{"a":[1,{"b":null}],"":{"":2}}`)); !ok {
 			t.Fatalf("include %q failed", s)
 		}
@@ -72,23 +42,23 @@ func FuzzParsePointer(f *testing.F) {
 	})
 }
 
-func selFP(t *testing.T, include bool, pointers ...string) fingerprinter {
+func selFP(t *testing.T, include bool, pointers ...string) Fingerprinter {
 	t.Helper()
-	sel, err := newSelection(include, pointers)
+	sel, err := NewSelection(include, pointers)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newFingerprinter(BodyJSON, nil, sel)
+	return New(BodyJSON, nil, sel)
 }
 
 func TestFingerprintSelection(t *testing.T) {
 	exclude := selFP(t, false, "/ts", "/meta/trace")
 	include := selFP(t, true, "/amount", "/items/0/sku")
 	base := `{"amount":100,"items":[{"sku":"a","n":1}],"ts":1,"meta":{"trace":"x","v":1}}`
-	same := func(f fingerprinter, a, b string) bool { return bytes.Equal(sum(f, a), sum(f, b)) }
+	same := func(f Fingerprinter, a, b string) bool { return bytes.Equal(sum(f, a), sum(f, b)) }
 	tests := []struct {
 		name string
-		f    fingerprinter
+		f    Fingerprinter
 		body string
 		same bool
 	}{
@@ -240,18 +210,18 @@ func TestFingerprinterForJob(t *testing.T) {
 	body := `{"amount":1,"ts":2}`
 	// The job's own scheme, from its text alone.
 	other := selFP(t, true, "/amount")
-	g, ok := current.forJob(other.version(), other.scheme)
+	g, ok := current.ForJob(other.Version(), other.scheme)
 	if !ok || !bytes.Equal(sum(g, body), sum(other, body)) || g.scheme != other.scheme {
-		t.Fatalf("forJob(%d, %s) = %v: does not fingerprint as the job did", other.version(), other.scheme, ok)
+		t.Fatalf("forJob(%d, %s) = %v: does not fingerprint as the job did", other.Version(), other.scheme, ok)
 	}
 	// A job of an earlier release: version 1, no scheme, the whole body in
 	// this gateway's mode.
-	g, ok = current.forJob(FingerprintVersion, "")
+	g, ok = current.ForJob(VersionWhole, "")
 	if !ok || !bytes.Equal(sum(g, body), sum(jsonFP(), body)) || g.scheme != "" {
 		t.Fatalf("forJob(1, \"\") = %v", ok)
 	}
-	whole := newFingerprinter(BodyRaw, []string{"X-A"}, nil)
-	g, ok = current.forJob(whole.version(), whole.scheme)
+	whole := New(BodyRaw, []string{"X-A"}, nil)
+	g, ok = current.ForJob(whole.Version(), whole.scheme)
 	if !ok || g.mode != BodyRaw || !slices.Equal(g.headers, []string{"X-A"}) {
 		t.Fatalf("forJob(%s) = %+v, %v", whole.scheme, g, ok)
 	}
@@ -269,72 +239,8 @@ func TestFingerprinterForJob(t *testing.T) {
 		{2, `{"body":"raw","include":["/a"]}`},
 		{2, `{"body":"json","include":["a"]}`},
 	} {
-		if g, ok := current.forJob(bad.v, bad.scheme); ok {
+		if g, ok := current.ForJob(bad.v, bad.scheme); ok {
 			t.Errorf("forJob(%d, %s) = %+v, want false", bad.v, bad.scheme, g)
-		}
-	}
-}
-
-// TestRetryFingerprintedAsItsJob: a job's retries are fingerprinted as the
-// job was, after the configuration changed or the gateway was upgraded.
-func TestRetryFingerprintedAsItsJob(t *testing.T) {
-	l := memory.New()
-	first := newHarness(t, Config{Ledger: l, FingerprintExclude: []string{"/ts"}}, nil)
-	if rec := first.do(post("k", `{"amount":1,"ts":1}`)); rec.Code != http.StatusCreated {
-		t.Fatalf("first: %d %s", rec.Code, rec.Body)
-	}
-	// The operator now fingerprints on /amount alone: the job keeps its
-	// own selection, so a retry with another ts replays...
-	later := newHarness(t, Config{Ledger: l, FingerprintInclude: []string{"/amount", "/currency"}}, nil)
-	if rec := later.do(post("k", `{"amount":1,"ts":7}`)); rec.Header().Get(HeaderReplayed) != "true" {
-		t.Errorf("retry with another ts after the configuration changed: %d %s", rec.Code, rec.Body)
-	}
-	// ... and one with another amount is still another request.
-	wantProblem(t, later.do(post("k", `{"amount":2,"ts":1}`)), http.StatusUnprocessableEntity, ProblemKeyReused)
-	// The job's selection decides, not the new one: under it a member the
-	// new one ignores still counts.
-	wantProblem(t, later.do(post("k", `{"amount":1,"ts":1,"note":"x"}`)), http.StatusUnprocessableEntity, ProblemKeyReused)
-	// New keys take the new selection.
-	later.do(post("k2", `{"amount":1,"ts":1}`))
-	if rec := later.do(post("k2", `{"amount":1,"ts":2,"note":"x"}`)); rec.Header().Get(HeaderReplayed) != "true" {
-		t.Errorf("new job under the new selection: %d %s", rec.Code, rec.Body)
-	}
-	if got := later.up.calls(); got != 1 {
-		t.Errorf("upstream called %d times by the later gateway, want 1", got)
-	}
-
-	// A job of an earlier release (version 1, no scheme recorded), retried
-	// through a gateway that selects members: fingerprinted by the whole
-	// body, as the earlier release did.
-	earlier := newHarness(t, Config{Ledger: l}, nil)
-	earlier.m.fp = fingerprinter{mode: BodyJSON}
-	earlier.do(post("k3", `{"amount":1,"ts":1}`))
-	if j, err := l.Find(t.Context(), earlier.m.hasher.Owner(testOwner), earlier.m.hasher.Key("k3")); err != nil ||
-		j.FingerprintVersion != 1 || j.FingerprintScheme != "" {
-		t.Fatalf("the earlier release's job: %+v, %v", j, err)
-	}
-	if rec := later.do(post("k3", `{ "ts": 1, "amount": 1 }`)); rec.Header().Get(HeaderReplayed) != "true" {
-		t.Errorf("retry of an earlier release's job: %d %s", rec.Code, rec.Body)
-	}
-	wantProblem(t, later.do(post("k3", `{"amount":1,"ts":2}`)), http.StatusUnprocessableEntity, ProblemKeyReused)
-}
-
-func TestSelectionConfigErrors(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		cfg  Config
-		want string
-	}{
-		{"both", Config{FingerprintInclude: []string{"/a"}, FingerprintExclude: []string{"/b"}}, "include or exclude, not both"},
-		{"raw", Config{Fingerprint: BodyRaw, FingerprintExclude: []string{"/b"}}, "fingerprint raw cannot select members"},
-		{"graphql", Config{Fingerprint: BodyGraphQL, FingerprintInclude: []string{"/a"}}, "fingerprint graphql cannot select members"},
-		{"pointer", Config{FingerprintExclude: []string{"/ok", "ts"}}, `JSON pointer "ts" must start with /`},
-		{"dash", Config{FingerprintInclude: []string{"/items/-"}}, `"-" names no element`},
-	} {
-		tc.cfg.Ledger = memory.New()
-		tc.cfg.Providers = []Provider{{Name: "default"}}
-		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: New: %v, want an error containing %q", tc.name, err, tc.want)
 		}
 	}
 }

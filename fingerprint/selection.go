@@ -1,4 +1,4 @@
-package proxy
+package fingerprint
 
 import (
 	"bytes"
@@ -9,34 +9,26 @@ import (
 	"github.com/onejob/onejob/internal/jsonpointer"
 )
 
-// A Pointer is a parsed JSON Pointer (RFC 6901): the unescaped reference
-// tokens of a path into a JSON document.
-type Pointer = jsonpointer.Pointer
-
-// ParsePointer parses a JSON Pointer that names a member (see
-// jsonpointer.Parse): the pointer to the whole document, "", and the
-// token "-" are refused.
-func ParsePointer(s string) (Pointer, error) { return jsonpointer.Parse(s) }
-
-// selection names the members of a JSON body that enter its fingerprint:
+// A Selection names the members of a JSON body that enter its fingerprint:
 // only the included ones, or all but the excluded ones.
-type selection struct {
+type Selection struct {
 	include  bool
-	pointers []Pointer // sorted by their text, no two equal
+	pointers []jsonpointer.Pointer // sorted by their text, no two equal
 }
 
-// newSelection parses pointers (at least one) into a selection. Their order
-// does not matter; a pointer given twice counts once.
-func newSelection(include bool, pointers []string) (*selection, error) {
+// NewSelection parses pointers (JSON Pointers, RFC 6901; at least one)
+// into a selection. Their order does not matter; a pointer given twice
+// counts once.
+func NewSelection(include bool, pointers []string) (*Selection, error) {
 	if len(pointers) == 0 {
 		return nil, errors.New("a fingerprint selection needs at least one JSON pointer")
 	}
 	texts := slices.Clone(pointers)
 	slices.Sort(texts)
 	texts = slices.Compact(texts)
-	s := &selection{include: include}
+	s := &Selection{include: include}
 	for _, t := range texts {
-		p, err := ParsePointer(t)
+		p, err := jsonpointer.Parse(t)
 		if err != nil {
 			return nil, err
 		}
@@ -46,7 +38,7 @@ func newSelection(include bool, pointers []string) (*selection, error) {
 }
 
 // texts returns the selection's pointers as text, in its order.
-func (s *selection) texts() []string {
+func (s *Selection) texts() []string {
 	out := make([]string, len(s.pointers))
 	for i, p := range s.pointers {
 		out[i] = p.String()
@@ -62,7 +54,7 @@ func (s *selection) texts() []string {
 // absent and null are alike. It returns false when the document cannot be
 // taken apart (deeper than encoding/json reads): then the body is hashed
 // raw, the same way on every instance.
-func (s *selection) apply(canon []byte) ([]byte, bool) {
+func (s *Selection) apply(canon []byte) ([]byte, bool) {
 	if !s.include {
 		doc := json.RawMessage(canon)
 		for _, p := range s.pointers {
@@ -88,7 +80,7 @@ func (s *selection) apply(canon []byte) ([]byte, bool) {
 // member is deleted, an array element taken out (the ones after it move
 // up). doc is returned as it was when it has no such member, nil when it
 // cannot be read or written.
-func without(doc json.RawMessage, p Pointer) json.RawMessage {
+func without(doc json.RawMessage, p jsonpointer.Pointer) json.RawMessage {
 	tok, rest := p[0], p[1:]
 	switch doc[0] {
 	case '{':

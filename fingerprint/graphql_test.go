@@ -1,4 +1,4 @@
-package proxy
+package fingerprint
 
 import (
 	"bytes"
@@ -26,7 +26,7 @@ func gql(query, op, vars string) string {
 	return string(b)
 }
 
-func gqlFP() fingerprinter { return fingerprinter{mode: BodyGraphQL} }
+func gqlFP() Fingerprinter { return Fingerprinter{mode: BodyGraphQL} }
 
 func mustParseGraphQL(t *testing.T, body string) GraphQLRequest {
 	t.Helper()
@@ -251,7 +251,7 @@ func TestFingerprintGraphQLFallsBackToRaw(t *testing.T) {
 
 // SumGraphQL, given ParseGraphQL's result, computes what Sum does.
 func TestSumGraphQL(t *testing.T) {
-	f := fingerprinter{mode: BodyGraphQL, headers: []string{"X-Account"}}
+	f := Fingerprinter{mode: BodyGraphQL, headers: []string{"X-Account"}}
 	h := http.Header{"X-Account": {"1"}}
 	for _, body := range []string{
 		gql(`mutation { a }`, "", `{"x":1}`),
@@ -273,7 +273,7 @@ func TestSumGraphQL(t *testing.T) {
 	body := gql(`mutation { a }`, "", "")
 	g := mustParseGraphQL(t, body)
 	for _, mode := range []BodyMode{BodyJSON, BodyRaw} {
-		f := fingerprinter{mode: mode}
+		f := Fingerprinter{mode: mode}
 		if !bytes.Equal(f.SumGraphQL("POST", "/", nil, &g, []byte(body)), f.Sum("POST", "/", nil, []byte(body))) {
 			t.Errorf("%v mode: SumGraphQL differs from Sum", mode)
 		}
@@ -323,14 +323,14 @@ fragment F on Charge { created }
 }
 
 // The graphql fingerprint is part of the stored encoding: it must not change
-// between releases (or gqlparser upgrades) without a new FingerprintVersion.
+// between releases (or gqlparser upgrades) without a new VersionWhole.
 // The golden value was computed outside this package from the encoding
 // (see TestFingerprintStable), with 'g', the length of the canonical
 // encoding, and the canonical encoding: the uvarint-length-prefixed printed
 // document, operationName, variables and other members.
 func TestFingerprintGraphQLStable(t *testing.T) {
-	if FingerprintVersion != 1 {
-		t.Fatalf("FingerprintVersion is %d: these golden values are version 1's; keep them and add the new version's", FingerprintVersion)
+	if VersionWhole != 1 {
+		t.Fatalf("VersionWhole is %d: these golden values are version 1's; keep them and add the new version's", VersionWhole)
 	}
 	body := `{"query":"# pay\nmutation Pay($a: Int!) {\n  pay(amount: $a, note: \"\"\"hi\"\"\") { id, status }\n}",` +
 		`"variables":{"b":[1,2],"a":1},"operationName":"Pay","extensions":{"trace":true}}`
@@ -343,7 +343,7 @@ func TestFingerprintGraphQLStable(t *testing.T) {
 	if !g.Mutation {
 		t.Error("not a mutation")
 	}
-	f := fingerprinter{mode: BodyGraphQL, headers: []string{"X-Account"}}
+	f := Fingerprinter{mode: BodyGraphQL, headers: []string{"X-Account"}}
 	got := hex.EncodeToString(f.Sum("POST", "/graphql", http.Header{"X-Account": {"acct_1"}}, []byte(body)))
 	const want = "557116cbd49fcab9fc571b16eae9d656fb005820f82557785669d57c219fae48"
 	if got != want {
