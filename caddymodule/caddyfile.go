@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
-	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/contract"
 	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/internal/jsonpointer"
 	"github.com/onejob/onejob/proxy"
@@ -326,7 +326,7 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			// The rule Provision applies, through the same compiler.
-			if _, err := fallback.CompileContract(fallback.ContractSpec{Statuses: args}); err != nil {
+			if _, err := contract.Compile(contract.Spec{Statuses: args}); err != nil {
 				return d.Err(err.Error())
 			}
 			c.Status = args
@@ -345,7 +345,7 @@ func (h *Handler) parseContract(d *caddyfile.Dispenser) error {
 				return d.Errf("contract: %s must not be empty", name)
 			}
 			if name == "content_type" {
-				_, err = fallback.CompileContract(fallback.ContractSpec{ContentType: c.ContentType})
+				_, err = contract.Compile(contract.Spec{ContentType: c.ContentType})
 				err = at(d, err)
 			}
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/onejob/onejob/contract"
 	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
@@ -155,7 +156,7 @@ func checkHandlerConfig(t *testing.T, in string, h *Handler) {
 		}
 	}
 	if len(h.FailoverOn) > 0 {
-		if _, err := proxy.ParseFailoverOn(h.FailoverOn); err != nil {
+		if _, err := fallback.ParseFailoverOn(h.FailoverOn); err != nil {
 			t.Fatalf("%q: failover_on %q accepted: %v", in, h.FailoverOn, err)
 		}
 	}
@@ -180,7 +181,7 @@ func checkHandlerConfig(t *testing.T, in string, h *Handler) {
 		}
 	}
 	if c := h.Contract; c != nil {
-		if _, err := fallback.CompileContract(fallback.ContractSpec{Statuses: c.Status}); err != nil {
+		if _, err := contract.Compile(contract.Spec{Statuses: c.Status}); err != nil {
 			t.Fatalf("%q: contract status %q accepted: %v", in, c.Status, err)
 		}
 	}

@@ -24,7 +24,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
-	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/contract"
 	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/sealed"
@@ -250,9 +250,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	var contract proxy.Contract
+	var answers proxy.Contract // the route's output contract, if any
 	if h.Contract != nil {
-		c, err := fallback.CompileContract(fallback.ContractSpec{
+		c, err := contract.Compile(contract.Spec{
 			Statuses:      h.Contract.Status,
 			ContentType:   h.Contract.ContentType,
 			JSONSchema:    h.Contract.JSONSchema,
@@ -262,7 +262,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return fmt.Errorf("contract: %w", err)
 		}
-		contract = c
+		answers = c
 	}
 	names := []string{proxy.DefaultProvider}
 	if len(providers) > 0 {
@@ -279,7 +279,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	cfg := proxy.Config{
 		Observer:           obs,
-		Contract:           contract,
+		Contract:           answers,
 		Eligible:           h.eligible,
 		Providers:          providers,
 		Scope:              h.scope,
@@ -332,7 +332,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			cfg:      *h.Probe,
 			timeout:  c.AttemptTimeout,
 			max:      c.MaxResponseBody,
-			contract: contract,
+			contract: answers,
 			scope:    h.scope,
 			metrics:  obs,
 			logger:   h.logger.With(zap.String("scope", h.scope)),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/onejob/onejob/contract"
 	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/proxy"
@@ -112,7 +113,7 @@ func checkFingerprint(mode string) error {
 // show a provider did not act: a 1xx is never final, and a 2xx shows
 // that it did.
 func checkFailoverOn(words []string) (fallback.FailoverOn, error) {
-	f, err := proxy.ParseFailoverOn(words)
+	f, err := fallback.ParseFailoverOn(words)
 	if err != nil {
 		return f, err
 	}
@@ -134,7 +135,7 @@ func (c *ContractConfig) check() error {
 	if len(c.Status) == 0 && c.ContentType == "" && c.JSONSchema == "" && c.GraphQLSchema == "" {
 		return errors.New("contract names nothing to check: give status, content_type, json_schema or graphql_schema")
 	}
-	_, err := fallback.CompileContract(fallback.ContractSpec{Statuses: c.Status, ContentType: c.ContentType})
+	_, err := contract.Compile(contract.Spec{Statuses: c.Status, ContentType: c.ContentType})
 	return err
 }
 

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/onejob/onejob/fallback"
+	"github.com/onejob/onejob/contract"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -54,7 +54,7 @@ func (c *capture) WriteHeader(code int) {
 	}
 	c.wrote, c.status = true, code
 	c.hooks.headers(c)
-	if fallback.IsEventStream(c.header) {
+	if contract.IsEventStream(c.header) {
 		c.tryCommit(false)
 	}
 }

@@ -78,18 +78,8 @@ type Provider struct {
 	Lookup bool
 }
 
-// FailoverOn names the answers that show a provider did not act on a
-// request (see package fallback).
-type FailoverOn = fallback.FailoverOn
-
-// DefaultFailoverOn is connect_error 429 503.
-func DefaultFailoverOn() FailoverOn { return fallback.DefaultFailoverOn() }
-
-// ParseFailoverOn parses the words of failover_on.
-func ParseFailoverOn(words []string) (FailoverOn, error) { return fallback.ParseFailoverOn(words) }
-
 // Contract checks answers against a route's output contract
-// (fallback.Contract implements it). A breach is never a stored result.
+// (contract.Contract implements it). A breach is never a stored result.
 type Contract interface {
 	// Applies reports whether answers with this status are checked.
 	Applies(status int) bool
@@ -194,7 +184,7 @@ type Config struct {
 	// applies whatever InFlightReject says); default AttemptDeadline.
 	MaxWait time.Duration
 
-	FailoverOn FailoverOn
+	FailoverOn fallback.FailoverOn
 	// Scope is the handler scope every attempt records (ledger.NextAttempt):
 	// providers are named per handler, so a reconciler asks its providers
 	// only about attempts of its own scope.
@@ -320,7 +310,7 @@ func (c *Config) setDefaults() error {
 		c.MaxWait = c.AttemptDeadline
 	}
 	if c.FailoverOn.Statuses == nil && !c.FailoverOn.ConnectError && !c.FailoverOn.Contract {
-		c.FailoverOn = DefaultFailoverOn()
+		c.FailoverOn = fallback.DefaultFailoverOn()
 	}
 	if len(c.Providers) == 0 {
 		c.Providers = []Provider{{Name: DefaultProvider}}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onejob/onejob/contract"
 	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
 )
@@ -16,13 +17,13 @@ import (
 const answerSchema = `{"type":"object","properties":{"answer":{"type":"string"},"confidence":{"type":"number"}},
 "required":["answer","confidence"],"additionalProperties":false}`
 
-func modelContract(t *testing.T, at string) *fallback.Contract {
+func modelContract(t *testing.T, at string) *contract.Contract {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "answer.schema.json")
 	if err := os.WriteFile(path, []byte(answerSchema), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := fallback.CompileContract(fallback.ContractSpec{JSONSchema: path, JSONSchemaAt: at})
+	c, err := contract.Compile(contract.Spec{JSONSchema: path, JSONSchemaAt: at})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -204,7 +204,7 @@ func TestFailoverOnConnectError(t *testing.T) {
 		}
 	})
 	t.Run("connect_error not in failover_on", func(t *testing.T) {
-		cfg := Config{IsConnectError: isConnect, FailoverOn: FailoverOn{Statuses: map[int]bool{429: true, 503: true}}}
+		cfg := Config{IsConnectError: isConnect, FailoverOn: fallback.FailoverOn{Statuses: map[int]bool{429: true, 503: true}}}
 		h, p, f := newProviders(t, cfg, down, respond(http.StatusCreated, "fallback"))
 		rec := h.do(post("k", `{}`))
 		prob := wantProblem(t, rec, http.StatusBadGateway, ProblemAllFailed)
@@ -935,7 +935,7 @@ func TestNoGatewayErrorInsideAStartedAnswer(t *testing.T) {
 // the job id in its header, the same for every attempt of the job and never
 // the client's key; another provider still gets the client's key.
 func TestDeduplicatingProviderGetsTheJobID(t *testing.T) {
-	cfg := Config{FailoverOn: FailoverOn{Statuses: map[int]bool{503: true}}}
+	cfg := Config{FailoverOn: fallback.FailoverOn{Statuses: map[int]bool{503: true}}}
 	h, p, f := newProviders(t, cfg, respond(http.StatusServiceUnavailable, "busy"), respond(http.StatusCreated, "fallback"))
 	h.m.cfg.Providers[0].Deduplicates = DefaultKeyHeader
 	h.m.cfg.Providers[1].Deduplicates = "X-Request-Key"

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/fingerprint"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/memory"
@@ -1180,7 +1181,7 @@ func TestFailover(t *testing.T) {
 		b := &fakeUpstream{}
 		h := newHarness(t, Config{
 			Providers:  []Provider{{Name: "a", Handler: a}, {Name: "b", Handler: b}},
-			FailoverOn: FailoverOn{Statuses: map[int]bool{503: true}},
+			FailoverOn: fallback.FailoverOn{Statuses: map[int]bool{503: true}},
 		}, nil)
 		wantProblem(t, h.do(post("k", `{}`)), http.StatusBadGateway, ProblemAllFailed)
 		if b.calls() != 0 {
@@ -1649,30 +1650,30 @@ func TestConfigDefaultsAndErrors(t *testing.T) {
 func TestParseFailoverOn(t *testing.T) {
 	tests := []struct {
 		words   []string
-		want    FailoverOn
+		want    fallback.FailoverOn
 		wantErr bool
 	}{
-		{[]string{"connect_error", "429", "503"}, FailoverOn{ConnectError: true, Statuses: map[int]bool{429: true, 503: true}}, false},
-		{[]string{"502"}, FailoverOn{Statuses: map[int]bool{502: true}}, false},
-		{[]string{"contract", "503"}, FailoverOn{Contract: true, Statuses: map[int]bool{503: true}}, false},
-		{nil, FailoverOn{Statuses: map[int]bool{}}, false},
-		{[]string{"5xx"}, FailoverOn{}, true},
-		{[]string{"99"}, FailoverOn{}, true},
-		{[]string{"600"}, FailoverOn{}, true},
-		{[]string{"connect-error"}, FailoverOn{}, true},
+		{[]string{"connect_error", "429", "503"}, fallback.FailoverOn{ConnectError: true, Statuses: map[int]bool{429: true, 503: true}}, false},
+		{[]string{"502"}, fallback.FailoverOn{Statuses: map[int]bool{502: true}}, false},
+		{[]string{"contract", "503"}, fallback.FailoverOn{Contract: true, Statuses: map[int]bool{503: true}}, false},
+		{nil, fallback.FailoverOn{Statuses: map[int]bool{}}, false},
+		{[]string{"5xx"}, fallback.FailoverOn{}, true},
+		{[]string{"99"}, fallback.FailoverOn{}, true},
+		{[]string{"600"}, fallback.FailoverOn{}, true},
+		{[]string{"connect-error"}, fallback.FailoverOn{}, true},
 	}
 	for _, tt := range tests {
-		got, err := ParseFailoverOn(tt.words)
+		got, err := fallback.ParseFailoverOn(tt.words)
 		if (err != nil) != tt.wantErr {
-			t.Errorf("ParseFailoverOn(%q) error %v", tt.words, err)
+			t.Errorf("fallback.ParseFailoverOn(%q) error %v", tt.words, err)
 			continue
 		}
 		if !tt.wantErr && fmt.Sprint(got) != fmt.Sprint(tt.want) {
-			t.Errorf("ParseFailoverOn(%q) = %+v, want %+v", tt.words, got, tt.want)
+			t.Errorf("fallback.ParseFailoverOn(%q) = %+v, want %+v", tt.words, got, tt.want)
 		}
 	}
 	// An explicit empty failover_on is kept, not replaced by the default.
-	f, _ := ParseFailoverOn(nil)
+	f, _ := fallback.ParseFailoverOn(nil)
 	m, err := New(Config{Ledger: memory.New(), FailoverOn: f})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/file"
 	"github.com/onejob/onejob/ledger/memory"
@@ -283,7 +284,7 @@ func (w *world) newGateway(name string, store ledger.Ledger) (*gateway, error) {
 	g := &gateway{name: name, own: own, link: &link{Ledger: seen, w: w, name: name, calls: map[string]int{}}}
 	ctx, stop := context.WithCancel(context.Background())
 	g.stop = stop
-	failoverOn, err := proxy.ParseFailoverOn([]string{"connect_error", "503"})
+	failoverOn, err := fallback.ParseFailoverOn([]string{"connect_error", "503"})
 	if err != nil {
 		return nil, err
 	}

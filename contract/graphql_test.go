@@ -1,4 +1,4 @@
-package fallback
+package contract
 
 import (
 	"encoding/json"
@@ -280,7 +280,7 @@ var graphQLCases = []graphQLCase{
 }
 
 func TestGraphQLSchema(t *testing.T) {
-	c := mustCompile(t, ContractSpec{GraphQLSchema: "testdata/starwars.graphql"})
+	c := mustCompile(t, Spec{GraphQLSchema: "testdata/starwars.graphql"})
 	if !c.ChecksBody() {
 		t.Fatal("ChecksBody = false with graphql_schema")
 	}
@@ -299,7 +299,7 @@ func TestGraphQLSchema(t *testing.T) {
 }
 
 func TestGraphQLStatusOutsideTheSet(t *testing.T) {
-	c := mustCompile(t, ContractSpec{GraphQLSchema: "testdata/starwars.graphql", Statuses: []string{"200"}})
+	c := mustCompile(t, Spec{GraphQLSchema: "testdata/starwars.graphql", Statuses: []string{"200"}})
 	req := graphQLCase{query: qCount}.request()
 	if err := c.Check(400, nil, []byte(`{"errors":[{"message":"bad"}]}`), []byte(req)); err != nil {
 		t.Errorf("400 checked: %v", err)
@@ -311,7 +311,7 @@ func TestGraphQLStatusOutsideTheSet(t *testing.T) {
 
 func TestGraphQLBudget(t *testing.T) {
 	// A tiny budget ends the check and accepts the answer.
-	c := mustCompile(t, ContractSpec{GraphQLSchema: "testdata/starwars.graphql"})
+	c := mustCompile(t, Spec{GraphQLSchema: "testdata/starwars.graphql"})
 	check := &gqlCheck{g: c.graphql, memo: map[memoKey][]*responseKey{}, maxSteps: 1}
 	op := c.graphql.operation([]byte(graphQLCase{query: qEpisodes}.request()))
 	if op == nil {

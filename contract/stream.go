@@ -1,4 +1,4 @@
-package fallback
+package contract
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package fallback
+package contract
 
 import (
 	"bytes"
@@ -24,9 +24,9 @@ import (
 	"github.com/onejob/onejob/internal/jsonpointer"
 )
 
-// ContractSpec is the configuration of a contract (from the Caddyfile's
+// Spec is the configuration of a contract (from the Caddyfile's
 // contract block).
-type ContractSpec struct {
+type Spec struct {
 	// Statuses are the answers the contract checks: codes ("200") and
 	// classes ("2xx"). Empty: 2xx.
 	Statuses []string
@@ -48,7 +48,7 @@ type ContractSpec struct {
 	GraphQLSchema string
 }
 
-// Contract is a compiled ContractSpec. It is safe for concurrent use.
+// Contract is a compiled Spec. It is safe for concurrent use.
 type Contract struct {
 	codes       map[int]bool
 	classes     [6]bool // classes[2]: 2xx
@@ -83,8 +83,8 @@ func breach(rule, detail string) *Breach {
 	return &Breach{Rule: rule, Detail: oneLine(detail, maxDetail)}
 }
 
-// CompileContract reads and compiles the files a contract names.
-func CompileContract(spec ContractSpec) (*Contract, error) {
+// Compile reads and compiles the files a contract names.
+func Compile(spec Spec) (*Contract, error) {
 	c := &Contract{codes: map[int]bool{}}
 	if err := c.parseStatuses(spec.Statuses); err != nil {
 		return nil, err

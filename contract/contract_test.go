@@ -1,4 +1,4 @@
-package fallback
+package contract
 
 import (
 	"errors"
@@ -11,11 +11,11 @@ import (
 	"unicode/utf8"
 )
 
-func mustCompile(t testing.TB, spec ContractSpec) *Contract {
+func mustCompile(t testing.TB, spec Spec) *Contract {
 	t.Helper()
-	c, err := CompileContract(spec)
+	c, err := Compile(spec)
 	if err != nil {
-		t.Fatalf("CompileContract(%+v): %v", spec, err)
+		t.Fatalf("Compile(%+v): %v", spec, err)
 	}
 	return c
 }
@@ -49,7 +49,7 @@ func TestContractStatuses(t *testing.T) {
 		{[]string{"4XX", "5xx"}, []int{400, 429, 503}, []int{200, 302}},
 	}
 	for _, tt := range tests {
-		c := mustCompile(t, ContractSpec{Statuses: tt.statuses})
+		c := mustCompile(t, Spec{Statuses: tt.statuses})
 		for _, s := range tt.yes {
 			if !c.Applies(s) {
 				t.Errorf("%v: Applies(%d) = false", tt.statuses, s)
@@ -68,7 +68,7 @@ func TestContractStatuses(t *testing.T) {
 }
 
 func TestContentType(t *testing.T) {
-	c := mustCompile(t, ContractSpec{ContentType: "application/json"})
+	c := mustCompile(t, Spec{ContentType: "application/json"})
 	if c.ChecksBody() {
 		t.Error("ChecksBody with content_type only")
 	}
@@ -109,7 +109,7 @@ func TestContentType(t *testing.T) {
 }
 
 func TestConfiguredContentTypeParamsIgnored(t *testing.T) {
-	c := mustCompile(t, ContractSpec{ContentType: "Application/JSON; charset=utf-8"})
+	c := mustCompile(t, Spec{ContentType: "Application/JSON; charset=utf-8"})
 	h := http.Header{"Content-Type": {"application/json"}}
 	if err := c.CheckHead(200, h); err != nil {
 		t.Error(err)
@@ -117,7 +117,7 @@ func TestConfiguredContentTypeParamsIgnored(t *testing.T) {
 }
 
 func TestJSONSchema(t *testing.T) {
-	c := mustCompile(t, ContractSpec{
+	c := mustCompile(t, Spec{
 		JSONSchema:  "testdata/order.schema.json",
 		ContentType: "application/json",
 	})
@@ -166,7 +166,7 @@ func TestJSONSchemaDraftFromFile(t *testing.T) {
 	// A draft-04 schema: exclusiveMaximum is a boolean there.
 	path := writeFile(t, "d4.json", `{"$schema":"http://json-schema.org/draft-04/schema#",
 		"type":"object","properties":{"n":{"type":"number","maximum":5,"exclusiveMaximum":true}}}`)
-	c := mustCompile(t, ContractSpec{JSONSchema: path})
+	c := mustCompile(t, Spec{JSONSchema: path})
 	if got := checkErr(t, c, 200, nil, `{"n":4}`, ""); got != "" {
 		t.Errorf("n=4: %s", got)
 	}
@@ -201,33 +201,33 @@ func writeFile(t *testing.T, name, content string) string {
 func TestCompileContractErrors(t *testing.T) {
 	tests := []struct {
 		name string
-		spec ContractSpec
+		spec Spec
 		want []string // substrings of the error
 	}{
-		{"missing JSON Schema file", ContractSpec{JSONSchema: "testdata/nope.json"},
+		{"missing JSON Schema file", Spec{JSONSchema: "testdata/nope.json"},
 			[]string{"json_schema testdata/nope.json", "no such file"}},
-		{"JSON Schema not JSON", ContractSpec{JSONSchema: "testdata/broken.schema.json"},
+		{"JSON Schema not JSON", Spec{JSONSchema: "testdata/broken.schema.json"},
 			[]string{"json_schema testdata/broken.schema.json", "not JSON"}},
-		{"invalid JSON Schema", ContractSpec{JSONSchema: "testdata/invalid.schema.json"},
+		{"invalid JSON Schema", Spec{JSONSchema: "testdata/invalid.schema.json"},
 			[]string{"json_schema testdata/invalid.schema.json", "not a valid schema", "at /properties/total/type"}},
-		{"missing SDL file", ContractSpec{GraphQLSchema: "testdata/nope.graphql"},
+		{"missing SDL file", Spec{GraphQLSchema: "testdata/nope.graphql"},
 			[]string{"graphql_schema testdata/nope.graphql", "no such file"}},
-		{"invalid SDL", ContractSpec{GraphQLSchema: "testdata/invalid.graphql"},
+		{"invalid SDL", Spec{GraphQLSchema: "testdata/invalid.graphql"},
 			[]string{"graphql_schema testdata/invalid.graphql", "invalid.graphql:2:9", "Undefined type Character"}},
-		{"SDL syntax error", ContractSpec{GraphQLSchema: "testdata/broken.schema.json"},
+		{"SDL syntax error", Spec{GraphQLSchema: "testdata/broken.schema.json"},
 			[]string{"graphql_schema testdata/broken.schema.json", "Unexpected {"}},
-		{"SDL without a Query type", ContractSpec{GraphQLSchema: "testdata/noquery.graphql"},
+		{"SDL without a Query type", Spec{GraphQLSchema: "testdata/noquery.graphql"},
 			[]string{"graphql_schema testdata/noquery.graphql", "no query root type"}},
-		{"status class 7xx", ContractSpec{Statuses: []string{"2xx", "7xx"}}, []string{`status "7xx"`}},
-		{"status abc", ContractSpec{Statuses: []string{"abc"}}, []string{`status "abc"`}},
-		{"status 99", ContractSpec{Statuses: []string{"99"}}, []string{`status "99"`}},
-		{"status 600", ContractSpec{Statuses: []string{"600"}}, []string{`status "600"`}},
-		{"status 2x", ContractSpec{Statuses: []string{"2x"}}, []string{`status "2x"`}},
-		{"bad media type", ContractSpec{ContentType: "json"}, []string{`content_type "json"`}},
+		{"status class 7xx", Spec{Statuses: []string{"2xx", "7xx"}}, []string{`status "7xx"`}},
+		{"status abc", Spec{Statuses: []string{"abc"}}, []string{`status "abc"`}},
+		{"status 99", Spec{Statuses: []string{"99"}}, []string{`status "99"`}},
+		{"status 600", Spec{Statuses: []string{"600"}}, []string{`status "600"`}},
+		{"status 2x", Spec{Statuses: []string{"2x"}}, []string{`status "2x"`}},
+		{"bad media type", Spec{ContentType: "json"}, []string{`content_type "json"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := CompileContract(tt.spec)
+			c, err := Compile(tt.spec)
 			if err == nil {
 				t.Fatalf("no error, got %v", c)
 			}
@@ -246,7 +246,7 @@ func TestCompileContractErrors(t *testing.T) {
 
 // fuzzContract is a contract with every rule, for FuzzContractCheck.
 var fuzzContract = sync.OnceValues(func() (*Contract, error) {
-	return CompileContract(ContractSpec{
+	return Compile(Spec{
 		Statuses:      []string{"2xx", "422"},
 		ContentType:   "application/json",
 		JSONSchema:    "testdata/response.schema.json",

@@ -1,4 +1,4 @@
-package fallback
+package contract
 
 import (
 	"encoding/json"
@@ -9,7 +9,7 @@ import (
 
 func answerContract(t testing.TB, at string) *Contract {
 	t.Helper()
-	return mustCompile(t, ContractSpec{JSONSchema: "testdata/answer.schema.json", JSONSchemaAt: at})
+	return mustCompile(t, Spec{JSONSchema: "testdata/answer.schema.json", JSONSchemaAt: at})
 }
 
 // openAIAnswer is a non-streamed chat completion whose content is text.
@@ -70,7 +70,7 @@ func TestContractJSONSchemaAt(t *testing.T) {
 		})
 	}
 	// Without at, a stream is not JSON: the body is what the schema checks.
-	whole := mustCompile(t, ContractSpec{JSONSchema: "testdata/answer.schema.json"})
+	whole := mustCompile(t, Spec{JSONSchema: "testdata/answer.schema.json"})
 	if got := checkErr(t, whole, 200, sse, openAIStream, ""); !strings.Contains(got, "body is not JSON") {
 		t.Errorf("stream without at: %q", got)
 	}
@@ -78,14 +78,14 @@ func TestContractJSONSchemaAt(t *testing.T) {
 
 func TestCompileJSONSchemaAt(t *testing.T) {
 	for _, tc := range []struct {
-		spec ContractSpec
+		spec Spec
 		want string
 	}{
-		{ContractSpec{JSONSchemaAt: "/a"}, "a pointer needs a schema file"},
-		{ContractSpec{JSONSchema: "testdata/answer.schema.json", JSONSchemaAt: "a"}, `contract: json_schema at: JSON pointer "a" must start with /`},
-		{ContractSpec{JSONSchema: "testdata/answer.schema.json", JSONSchemaAt: "/a~2"}, `"~" must be followed by 0 or 1`},
+		{Spec{JSONSchemaAt: "/a"}, "a pointer needs a schema file"},
+		{Spec{JSONSchema: "testdata/answer.schema.json", JSONSchemaAt: "a"}, `contract: json_schema at: JSON pointer "a" must start with /`},
+		{Spec{JSONSchema: "testdata/answer.schema.json", JSONSchemaAt: "/a~2"}, `"~" must be followed by 0 or 1`},
 	} {
-		if _, err := CompileContract(tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := Compile(tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.spec, err, tc.want)
 		}
 	}
@@ -101,7 +101,7 @@ func FuzzJSONSchemaAt(f *testing.F) {
 		f.Add(s)
 	}
 	at := answerContract(f, "/choices/0/message/content")
-	whole := mustCompile(f, ContractSpec{JSONSchema: "testdata/answer.schema.json"})
+	whole := mustCompile(f, Spec{JSONSchema: "testdata/answer.schema.json"})
 	h := http.Header{"Content-Type": {"application/json"}}
 	f.Fuzz(func(t *testing.T, content string) {
 		enveloped := openAIAnswer(content)
