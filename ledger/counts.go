@@ -108,15 +108,6 @@ type Listener interface {
 	ListenerUp() bool
 }
 
-// Up reports whether the subscription can wake waiters (see
-// Listener.ListenerUp): false only when it was started and its last
-// session failed or has not been confirmed since.
-func (s *Subscriber) Up() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.started || !s.down
-}
-
 // WaitReader is implemented by a ledger whose waiters (Ledger.Wait) share
 // their reads of a job (Subscriber.Wait): a metric of what duplicates cost.
 type WaitReader interface {

@@ -1,54 +1,9 @@
 package ledger
 
 import (
-	"context"
-	"errors"
 	"testing"
 	"time"
 )
-
-// TestSubscriberUp: a subscription nothing started yet reads as up; one
-// whose connection fails reads as down until a session is confirmed again.
-func TestSubscriberUp(t *testing.T) {
-	fail := make(chan bool, 1)
-	fail <- true
-	s := NewSubscriber(func(ctx context.Context, ready func(), _ func(string)) error {
-		select {
-		case f := <-fail:
-			if f {
-				return errors.New("connection refused")
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		ready()
-		<-ctx.Done()
-		return ctx.Err()
-	}, nil)
-	defer s.Close()
-	if !s.Up() {
-		t.Fatal("an idle subscriber reads as down")
-	}
-	_, cancel, _, _, err := s.Register("job-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cancel()
-	waitFor(t, "the failed session reads as down", func() bool { return !s.Up() })
-	fail <- false
-	waitFor(t, "the next session reads as up", s.Up)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func TestCountsMerge(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -7,19 +7,19 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/pubsub"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // bus holds the one Redis subscription of a cache Ledger (a
-// ledger.Subscriber), to the channel on which every instance publishes the
+// notify.Subscriber), to the channel on which every instance publishes the
 // ids of jobs that changed.
 //
 // Publications are hints: a waiter woken by one reads the truth before it
 // believes anything, so a lost, late or forged publication costs at most a
 // read, and the truth's own Wait keeps running beside it.
 type bus struct {
-	sub *ledger.Subscriber
+	sub *notify.Subscriber
 	// readyWait bounds how long a waiter waits for the subscription to be
 	// confirmed before it reads the truth anyway.
 	readyWait time.Duration
@@ -30,7 +30,7 @@ func newBus(rdb *redis.Client, channel string, readyWait time.Duration, log *log
 		log.warn("redis cache: subscription lost; waiters rely on the ledger's own notifications",
 			zap.String("channel", channel), zap.Error(err))
 	}
-	return &bus{sub: ledger.NewSubscriber(pubsub.Session(rdb, channel), lost), readyWait: readyWait}
+	return &bus{sub: notify.NewSubscriber(pubsub.Session(rdb, channel), lost), readyWait: readyWait}
 }
 
 // subscribe registers a waiter for jobID. It returns once the subscription

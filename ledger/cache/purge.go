@@ -8,11 +8,12 @@ import (
 	"strings"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // Purge implements ledger.Purger: the truth purges the owner's settled
 // jobs, then Forget drops the owner's replies, so that none of them is
-// replayed from the cache, and the purge's notice (ledger.PurgeNotice)
+// replayed from the cache, and the purge's notice (notify.PurgeNotice)
 // tells every instance to forget them too. Unlike the other calls, a
 // Redis error fails it (the truth's purge stands; a repeat finishes the
 // work): a purge that left answers in Redis would not be one.
@@ -28,7 +29,7 @@ func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats
 	if _, err := l.Forget(ctx, ownerHash); err != nil {
 		return st, err
 	}
-	if err := l.rdb.Publish(ctx, l.Channel(), ledger.PurgeNotice(ownerHash)).Err(); err != nil {
+	if err := l.rdb.Publish(ctx, l.Channel(), notify.PurgeNotice(ownerHash)).Err(); err != nil {
 		return st, fmt.Errorf("cache: purge notice: %w", err)
 	}
 	return st, nil

@@ -122,7 +122,7 @@ func (w *writer) forgetOwner(o op) {
 	}
 }
 
-// purgeHeard is the ledger.Watcher by which a writer hears of purges run
+// purgeHeard is the notify.Watcher by which a writer hears of purges run
 // by other instances: their replies it may have put back in Redis after
 // the purge deleted them go too.
 type purgeHeard struct{ w *writer }

@@ -16,6 +16,7 @@ import (
 	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/near"
 	"github.com/onejob/onejob/ledger/internal/record"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // Ledger is an in-memory ledger. The zero value is not usable: call New.
@@ -465,7 +466,7 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 
 // Wait implements ledger.Ledger.
 func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
-	return ledger.WaitSettled(ctx, func() (*ledger.Job, time.Time, <-chan struct{}, error) {
+	return notify.WaitSettled(ctx, func() (*ledger.Job, time.Time, <-chan struct{}, error) {
 		j, changed, err := l.get(jobID)
 		return j, l.now(), changed, err
 	})

@@ -7,13 +7,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // newListener returns the one LISTEN of a Ledger, shared by all its
-// waiters (ledger.Subscriber): each session is a connection of its own,
+// waiters (notify.Subscriber): each session is a connection of its own,
 // confirmed once LISTEN ran.
-func newListener(cfg *pgx.ConnConfig, channel string) *ledger.Subscriber {
-	return ledger.NewSubscriber(func(ctx context.Context, ready func(), wake func(string)) error {
+func newListener(cfg *pgx.ConnConfig, channel string) *notify.Subscriber {
+	return notify.NewSubscriber(func(ctx context.Context, ready func(), wake func(string)) error {
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
 			return err
@@ -39,7 +40,7 @@ func newListener(cfg *pgx.ConnConfig, channel string) *ledger.Subscriber {
 
 // Wait implements ledger.Ledger: it subscribes before it reads, and reads
 // again after each notification, reconnect, or lease deadline; the waiters of
-// one job on this instance share reads (ledger.Subscriber.Wait).
+// one job on this instance share reads (notify.Subscriber.Wait).
 func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 	if !validID(jobID) {
 		return nil, ledger.ErrNotFound

@@ -28,9 +28,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/near"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // DefaultSchema is the schema the ledger's tables live in.
@@ -51,7 +51,7 @@ type Ledger struct {
 	schema  string
 	fn      string // the schema of the current functions
 	channel string
-	listen  *ledger.Subscriber
+	listen  *notify.Subscriber
 	replays *near.Cache // completed jobs read lately
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // purgeQuery removes an owner's settled jobs (their attempts go with them:
@@ -15,7 +16,7 @@ import (
 // DELETE takes each row's lock, so it waits for a transition under way and
 // then sees the job's state after it; the unique index (owner_hash,
 // key_hash) finds the owner's rows. It notifies the channel $2 with the
-// purge's notice $3 (ledger.PurgeNotice), which every instance hears once
+// purge's notice $3 (notify.PurgeNotice), which every instance hears once
 // the statement commits: each forgets the owner's answers it kept in
 // memory.
 const purgeQuery = `WITH gone AS (
@@ -31,7 +32,7 @@ const purgeQuery = `WITH gone AS (
 // Purge implements ledger.Purger.
 func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
 	var removed, kept, noticed int64
-	if err := l.pool.QueryRow(ctx, purgeQuery, ownerHash, l.channel, ledger.PurgeNotice(ownerHash)).Scan(&removed, &kept, &noticed); err != nil {
+	if err := l.pool.QueryRow(ctx, purgeQuery, ownerHash, l.channel, notify.PurgeNotice(ownerHash)).Scan(&removed, &kept, &noticed); err != nil {
 		return ledger.PurgeStats{}, fmt.Errorf("postgres ledger: purge: %w", err)
 	}
 	l.replays.ForgetOwner(ownerHash)

@@ -9,7 +9,7 @@ import (
 
 // Wait implements ledger.Ledger: it subscribes before it reads, and reads
 // again after each publication, resubscription, or lease deadline; the waiters of
-// one job on this instance share reads (ledger.Subscriber.Wait).
+// one job on this instance share reads (notify.Subscriber.Wait).
 func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 	if !validID(jobID) {
 		return nil, ledger.ErrNotFound

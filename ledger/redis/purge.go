@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // purgeBatch is how many job ids one step of Purge reads, and at most how
@@ -43,7 +44,7 @@ func (l *Ledger) Purge(ctx context.Context, ownerHash []byte) (ledger.PurgeStats
 			bp := refs[i].bp
 			if _, ok := keys[bp]; !ok {
 				keys[bp] = []string{idxKey(bp), leasesKey(bp), expiryKey(bp)}
-				args[bp] = []any{bp, ownerHash, ledger.PurgeNotice(ownerHash)}
+				args[bp] = []any{bp, ownerHash, notify.PurgeNotice(ownerHash)}
 			}
 			keys[bp] = append(keys[bp], jobKey(bp, j.ID), attemptsKey(bp, j.ID), identKey(bp, identity(j.OwnerHash, j.KeyHash)))
 			args[bp] = append(args[bp], j.ID)

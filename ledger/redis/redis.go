@@ -15,9 +15,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/internal/near"
 	"github.com/onejob/onejob/ledger/internal/pubsub"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // DefaultPrefix starts every key of a ledger whose Options.Prefix is empty.
@@ -62,7 +62,7 @@ type Ledger struct {
 	// ids remembers the buckets of the jobs this process saw.
 	ids     idCache
 	scripts *scriptSet
-	listen  *ledger.Subscriber
+	listen  *notify.Subscriber
 	// replays holds completed jobs read lately.
 	replays *near.Cache
 	// counts is the walk of Counts (counts.go).
@@ -129,9 +129,9 @@ func Open(ctx context.Context, url string, opts Options) (*Ledger, error) {
 		channels[i] = channelOf(bp)
 	}
 	if cluster != nil {
-		l.listen = ledger.NewSubscriber(pubsub.Sharded(cluster, channels), nil)
+		l.listen = notify.NewSubscriber(pubsub.Sharded(cluster, channels), nil)
 	} else {
-		l.listen = ledger.NewSubscriber(pubsub.Session(client, channels...), nil)
+		l.listen = notify.NewSubscriber(pubsub.Session(client, channels...), nil)
 	}
 	l.replays.Follow(l.listen)
 	return l, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // Cache holds completed jobs by key (their owner and key), most recently
@@ -19,7 +20,7 @@ import (
 //
 // A purge removes an owner's jobs from the ledger, so a copy must not
 // outlive it: the instance that purges forgets the owner at once, and
-// one that follows the ledger's notifications (Follow, ledger.Watcher)
+// one that follows the ledger's notifications (Follow, notify.Watcher)
 // forgets it when it hears the purge, and keeps nothing while it could
 // miss one. A copy read from the ledger before a purge was heard is never
 // kept after it (Gen).
@@ -53,14 +54,14 @@ func New(entries, maxBytes int) *Cache {
 // sub carries, and keep jobs only while sub's subscription is confirmed;
 // the first Get starts it. Call it before sub starts and the cache is
 // used.
-func (n *Cache) Follow(sub *ledger.Subscriber) {
+func (n *Cache) Follow(sub *notify.Subscriber) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.live, n.start = false, sub.Start
 	sub.Watch(n)
 }
 
-// Live implements ledger.Watcher: while up is false, purges may go
+// Live implements notify.Watcher: while up is false, purges may go
 // unheard, so the cache drops what it holds and keeps nothing.
 func (n *Cache) Live(up bool) {
 	n.mu.Lock()
@@ -151,7 +152,7 @@ func (n *Cache) remove(e *list.Element) {
 	n.bytes -= ent.size
 }
 
-var _ ledger.Watcher = (*Cache)(nil)
+var _ notify.Watcher = (*Cache)(nil)
 
 // Forget drops the job cached under key, if there is one: the ledger
 // removed it, or changed it.
@@ -163,7 +164,7 @@ func (n *Cache) Forget(key string) {
 	}
 }
 
-// ForgetOwner implements ledger.Watcher: it drops every job of the owner
+// ForgetOwner implements notify.Watcher: it drops every job of the owner
 // ownerHash, which a purge removed from the ledger, and refuses the Put of
 // any job read before.
 func (n *Cache) ForgetOwner(ownerHash []byte) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 func nearJob(body string) *ledger.Job {
@@ -121,7 +122,7 @@ func TestNearFollowStarts(t *testing.T) {
 	for _, entries := range []int{10, 0} {
 		started := make(chan struct{})
 		var once sync.Once
-		sub := ledger.NewSubscriber(func(ctx context.Context, ready func(), wake func(string)) error {
+		sub := notify.NewSubscriber(func(ctx context.Context, ready func(), wake func(string)) error {
 			once.Do(func() { close(started) })
 			<-ctx.Done()
 			return ctx.Err()

@@ -1,4 +1,4 @@
-// Package pubsub is the Redis side of ledger.Subscriber: one session on
+// Package pubsub is the Redis side of notify.Subscriber: one session on
 // Redis pub/sub channels, shared by the Redis ledger's waiters and the
 // replay cache's; on Redis Cluster, one sharded session per master.
 package pubsub
@@ -12,30 +12,30 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/notify"
 )
 
 // idle is how long a subscription may be silent before it is pinged; a
 // ping left unanswered as long again means the connection is dead.
 const idle = 15 * time.Second
 
-// Session returns a ledger.Session on channels: it subscribes on a
+// Session returns a notify.Session on channels: it subscribes on a
 // connection of its own, is confirmed once Redis confirmed every channel,
 // and wakes the job whose id each message carries.
-func Session(client redis.UniversalClient, channels ...string) ledger.Session {
+func Session(client redis.UniversalClient, channels ...string) notify.Session {
 	return func(ctx context.Context, ready func(), wake func(string)) error {
 		return receive(ctx, client.Subscribe(ctx, channels...), "subscribe", channels, ready, wake)
 	}
 }
 
-// Sharded returns a ledger.Session on the shard channels of a cluster
+// Sharded returns a notify.Session on the shard channels of a cluster
 // (SSUBSCRIBE): one connection to each master, subscribed to the channels
 // whose slots it serves, one SSUBSCRIBE per channel (a command may not span
 // slots). It is confirmed once every master confirmed its channels, and
 // ends when any connection fails or a master gives up a channel's slot (a
 // slot migrated or a failover: the server unsubscribes it), so that the
 // next session subscribes where the slots are now.
-func Sharded(client *redis.ClusterClient, channels []string) ledger.Session {
+func Sharded(client *redis.ClusterClient, channels []string) notify.Session {
 	return func(ctx context.Context, ready func(), wake func(string)) error {
 		// The previous session may have ended because slots moved: have
 		// the client read the cluster's slots again (a redirect, if it is

@@ -1,10 +1,12 @@
-package ledger
+package notify
 
 import (
 	"context"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // sharedReads lets the waiters of one job share a read of it: a waiter that
@@ -49,7 +51,7 @@ type flight struct {
 	cancel  context.CancelFunc
 	done    chan struct{} // closed when the read returned
 
-	job *Job // set before done is closed, read-only after
+	job *ledger.Job // set before done is closed, read-only after
 	now time.Time
 	err error
 }
@@ -58,7 +60,7 @@ type flight struct {
 // one in flight, or one it starts with read, stamped by stamp. ctx bounds
 // the wait; the read itself ends when every sharer gave up.
 func (r *sharedReads) read(ctx context.Context, jobID string, need uint64, stamp func() uint64,
-	read func(context.Context) (*Job, time.Time, error)) (*Job, time.Time, error) {
+	read func(context.Context) (*ledger.Job, time.Time, error)) (*ledger.Job, time.Time, error) {
 	r.mu.Lock()
 	f := r.flights[jobID]
 	if f != nil && f.finished() && f.stamp >= need {
@@ -99,7 +101,7 @@ func (r *sharedReads) read(ctx context.Context, jobID string, need uint64, stamp
 }
 
 // run makes the read of a flight and hands its result to the sharers.
-func (r *sharedReads) run(ctx context.Context, jobID string, f *flight, read func(context.Context) (*Job, time.Time, error)) {
+func (r *sharedReads) run(ctx context.Context, jobID string, f *flight, read func(context.Context) (*ledger.Job, time.Time, error)) {
 	f.job, f.now, f.err = read(ctx)
 	f.cancel()
 	r.mu.Lock()

@@ -1,10 +1,12 @@
-package ledger
+package notify
 
 import (
 	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // The tests of Subscriber.Wait drive a fake store: each read the waiters
@@ -13,7 +15,7 @@ import (
 // leave a test waiting, and the checks below look for it first.
 
 type readReply struct {
-	job *Job
+	job *ledger.Job
 	err error
 }
 
@@ -23,7 +25,7 @@ type fakeStore struct{ calls chan readCall }
 
 func newFakeStore() *fakeStore { return &fakeStore{calls: make(chan readCall)} }
 
-func (f *fakeStore) read(ctx context.Context) (*Job, time.Time, error) {
+func (f *fakeStore) read(ctx context.Context) (*ledger.Job, time.Time, error) {
 	c := readCall{reply: make(chan readReply, 1)}
 	select {
 	case f.calls <- c:
@@ -38,8 +40,8 @@ func (f *fakeStore) read(ctx context.Context) (*Job, time.Time, error) {
 	}
 }
 
-func pendingJob() *Job   { return &Job{ID: "j", State: JobPending} }
-func completedJob() *Job { return &Job{ID: "j", State: JobCompleted} }
+func pendingJob() *ledger.Job   { return &ledger.Job{ID: "j", State: ledger.JobPending} }
+func completedJob() *ledger.Job { return &ledger.Job{ID: "j", State: ledger.JobCompleted} }
 
 // fakeSubscriber returns a Subscriber whose session confirms once confirm
 // is closed (nil: at once) and wakes the ids sent on notes.
@@ -103,7 +105,7 @@ func nextRead(t *testing.T, s *Subscriber, store *fakeStore, jobID string, want 
 }
 
 type waitResult struct {
-	job *Job
+	job *ledger.Job
 	err error
 }
 
@@ -137,10 +139,10 @@ func TestSubscriberWaitersShareOneRead(t *testing.T) {
 	waitFor(t, "every waiter shares the read", func() bool { return sharers(s, "j") == n })
 	c.reply <- readReply{job: completedJob()}
 
-	seen := map[*Job]bool{}
+	seen := map[*ledger.Job]bool{}
 	for range n {
 		r := <-out
-		if r.err != nil || r.job.State != JobCompleted {
+		if r.err != nil || r.job.State != ledger.JobCompleted {
 			t.Fatalf("waiter: %v %+v", r.err, r.job)
 		}
 		if seen[r.job] {
@@ -172,7 +174,7 @@ func TestSubscriberWaitNotJoiningEarlierRead(t *testing.T) {
 	first.reply <- readReply{job: completedJob()}
 	second.reply <- readReply{job: completedJob()}
 	for range 2 {
-		if r := <-out; r.err != nil || r.job.State != JobCompleted {
+		if r := <-out; r.err != nil || r.job.State != ledger.JobCompleted {
 			t.Fatalf("waiter: %v %+v", r.err, r.job)
 		}
 	}
@@ -197,7 +199,7 @@ func TestSubscriberWaitWokenDuringRead(t *testing.T) {
 	woken.reply <- readReply{job: completedJob()}
 	inFlight.reply <- readReply{job: completedJob()}
 	for range 2 {
-		if r := <-out; r.err != nil || r.job.State != JobCompleted {
+		if r := <-out; r.err != nil || r.job.State != ledger.JobCompleted {
 			t.Fatalf("waiter: %v %+v", r.err, r.job)
 		}
 	}
@@ -215,13 +217,13 @@ func TestSubscriberWaitExpiredDuringRead(t *testing.T) {
 	inFlight := nextRead(t, s, store, "j", 2)
 	// The first waiter's job has a lease that ran out already.
 	leased := pendingJob()
-	leased.Attempts = []Attempt{{State: AttemptStarting, Deadline: time.Now().Add(-time.Second)}}
+	leased.Attempts = []ledger.Attempt{{State: ledger.AttemptStarting, Deadline: time.Now().Add(-time.Second)}}
 	first.reply <- readReply{job: leased}
 	expired := nextRead(t, s, store, "j", 2)
 	expired.reply <- readReply{job: completedJob()}
 	inFlight.reply <- readReply{job: completedJob()}
 	for range 2 {
-		if r := <-out; r.err != nil || r.job.State != JobCompleted {
+		if r := <-out; r.err != nil || r.job.State != ledger.JobCompleted {
 			t.Fatalf("waiter: %v %+v", r.err, r.job)
 		}
 	}
@@ -270,7 +272,7 @@ func TestSubscriberWaitSharerGivesUp(t *testing.T) {
 		t.Fatalf("the waiter that gave up: %v", r.err)
 	}
 	c.reply <- readReply{job: completedJob()}
-	if r := <-stayed; r.err != nil || r.job.State != JobCompleted {
+	if r := <-stayed; r.err != nil || r.job.State != ledger.JobCompleted {
 		t.Fatalf("the waiter that stayed: %v %+v", r.err, r.job)
 	}
 
@@ -293,7 +295,7 @@ func TestSubscriberWaitSharerGivesUp(t *testing.T) {
 func TestSharedReadsKeepsFinishedRead(t *testing.T) {
 	var r sharedReads
 	fail := false
-	read := func(context.Context) (*Job, time.Time, error) {
+	read := func(context.Context) (*ledger.Job, time.Time, error) {
 		if fail {
 			return nil, time.Time{}, errors.New("connection reset")
 		}

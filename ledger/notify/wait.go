@@ -1,8 +1,10 @@
-package ledger
+package notify
 
 import (
 	"context"
 	"time"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // WaitSettled is the loop behind Ledger.Wait: it reads the job until it is
@@ -12,13 +14,13 @@ import (
 // it also wakes when the earliest lease runs out. The job it returns has
 // ReadAt set: the ledger's clock at the read, moved on by the time waited
 // since (measured, not read off the local clock).
-func WaitSettled(ctx context.Context, read func() (*Job, time.Time, <-chan struct{}, error)) (*Job, error) {
-	return waitSettled(ctx, func(bool) (*Job, time.Time, <-chan struct{}, error) { return read() })
+func WaitSettled(ctx context.Context, read func() (*ledger.Job, time.Time, <-chan struct{}, error)) (*ledger.Job, error) {
+	return waitSettled(ctx, func(bool) (*ledger.Job, time.Time, <-chan struct{}, error) { return read() })
 }
 
 // waitSettled is WaitSettled, telling read whether it reads because the
 // earliest lease ran out (rather than for the first time or after a change).
-func waitSettled(ctx context.Context, read func(expired bool) (*Job, time.Time, <-chan struct{}, error)) (*Job, error) {
+func waitSettled(ctx context.Context, read func(expired bool) (*ledger.Job, time.Time, <-chan struct{}, error)) (*ledger.Job, error) {
 	expired := false
 	for {
 		j, now, changed, err := read(expired)
@@ -26,7 +28,7 @@ func waitSettled(ctx context.Context, read func(expired bool) (*Job, time.Time, 
 			return nil, err
 		}
 		j.ReadAt = now
-		if j.State != JobPending && !j.Streaming() {
+		if j.State != ledger.JobPending && !j.Streaming() {
 			return j, nil
 		}
 		readAt := time.Now()
@@ -57,10 +59,10 @@ func waitSettled(ctx context.Context, read func(expired bool) (*Job, time.Time, 
 }
 
 // nextDeadline returns the earliest deadline of the job's starting attempts.
-func nextDeadline(j *Job) (time.Time, bool) {
+func nextDeadline(j *ledger.Job) (time.Time, bool) {
 	var d time.Time
 	for _, a := range j.Attempts {
-		if a.State == AttemptStarting && (d.IsZero() || a.Deadline.Before(d)) {
+		if a.State == ledger.AttemptStarting && (d.IsZero() || a.Deadline.Before(d)) {
 			d = a.Deadline
 		}
 	}

@@ -1,4 +1,4 @@
-package ledger
+package notify
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/onejob/onejob/ledger"
 )
 
 // A Session is one subscription on one connection (a LISTEN, a pub/sub
@@ -229,7 +231,7 @@ func (s *Subscriber) Close() {
 // the job with leases applied and returns the ledger's clock at the read;
 // it runs with a context of its own, which ends when no waiter wants its
 // result any more.
-func (s *Subscriber) Wait(ctx context.Context, jobID string, read func(context.Context) (*Job, time.Time, error)) (*Job, error) {
+func (s *Subscriber) Wait(ctx context.Context, jobID string, read func(context.Context) (*ledger.Job, time.Time, error)) (*ledger.Job, error) {
 	ch, registered, cancel, ready, _, err := s.register(jobID)
 	if err != nil {
 		return nil, err
@@ -246,7 +248,7 @@ func (s *Subscriber) Wait(ctx context.Context, jobID string, read func(context.C
 	case <-s.ctx.Done():
 		return nil, ErrClosed
 	}
-	return waitSettled(ctx, func(expired bool) (*Job, time.Time, <-chan struct{}, error) {
+	return waitSettled(ctx, func(expired bool) (*ledger.Job, time.Time, <-chan struct{}, error) {
 		need := s.waiters.need(ch, jobID, registered, expired)
 		j, now, err := s.reads.read(ctx, jobID, need, s.waiters.stamp, read)
 		return j, now, ch, err
@@ -256,3 +258,12 @@ func (s *Subscriber) Wait(ctx context.Context, jobID string, read func(context.C
 // WaitReads returns how many reads the waiters of Wait made: one per read
 // shared, however many shared it.
 func (s *Subscriber) WaitReads() uint64 { return s.reads.count.Load() }
+
+// Up reports whether the subscription can wake waiters (see
+// ledger.Listener): false only when it was started and its last
+// session failed or has not been confirmed since.
+func (s *Subscriber) Up() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.started || !s.down
+}
