@@ -1,8 +1,3 @@
-// Package proxy is the idempotent request flow as plain net/http middleware:
-// key and owner, request fingerprint, reservation in a ledger, attempts
-// against providers, response capture, compare-and-swap completion, and
-// replay. It knows nothing of Caddy: the next handler returns an error, as
-// Caddy handlers do, and Caddy's specifics come in through Config hooks.
 package proxy
 
 import (

@@ -3,11 +3,11 @@ package proxy
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
 )
 
@@ -74,138 +74,95 @@ func ledgerCall[T any](m *Middleware, ctx context.Context, op string, call func(
 	}
 }
 
-// Never-sent attempts (docs/contract.md, rule 7): an attempt the gateway
-// reserved but never sent, because the ledger stopped answering before the
-// request could be forwarded, is recorded failed as soon as the ledger
-// answers again. Only this instance holds that proof.
-const (
-	// unsentMax bounds the attempts waiting to be recorded; beyond it the
-	// lease makes them unknown, as if this instance had died.
-	unsentMax = 10000
-	// unsentGiveUp is how long one is retried at most.
-	unsentGiveUp = time.Hour
-	// unsentPauseMax caps the pause between rounds.
-	unsentPauseMax = 5 * time.Second
-)
-
-// unsentWork is one never-sent attempt: a reservation whose answer did not
-// come (its repeat tells the job and whether the attempt exists), or an
-// attempt whose id is known; or, with failed set, an attempt that was sent
-// and failed definitively (failed is the reason), whose failure the ledger
-// did not take: it is recorded failed while the ledger still allows it
-// (until its deadline), so that an outage does not turn a known failure
-// into an unknown for an operator.
-type unsentWork struct {
-	reserve *ledger.ReserveParams
-	ref     ledger.AttemptRef
-	failed  string
-	since   time.Time
+func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.Completion, error) {
+	stored := resp // the first client gets resp; the ledger never the private headers
+	stored.Header = m.storable(resp.Header)
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
+	return ledgerCall(m, ctx, "complete", func(ctx context.Context) (ledger.Completion, error) {
+		return m.cfg.Ledger.Complete(ctx, att.Ref(), stored)
+	})
 }
 
-// unsentQueue records never-sent attempts in the background, on one
-// goroutine that runs while the queue holds work and keeps the ledger
-// alive across a reload meanwhile.
-type unsentQueue struct {
-	mu      sync.Mutex
-	work    []unsentWork
-	running bool
-}
-
-// unsent queues a never-sent attempt to be recorded failed.
-func (m *Middleware) unsent(w unsentWork) {
-	q := &m.unsentQ
-	w.since = time.Now()
-	q.mu.Lock()
-	if len(q.work) >= unsentMax {
-		q.mu.Unlock()
-		m.cfg.Logger.Error("never-sent attempt not recorded: too many waiting; its lease will make it unknown",
-			zap.String("job_id", w.ref.JobID), zap.String("attempt_id", w.ref.AttemptID))
-		return
-	}
-	q.work = append(q.work, w)
-	start := !q.running
-	q.running = true
-	q.mu.Unlock()
-	if start {
-		go m.recordUnsent(m.cfg.Hold())
-	}
-}
-
-// recordUnsent works through the queue until it is empty.
-func (m *Middleware) recordUnsent(release func()) {
-	defer release()
-	q := &m.unsentQ
-	pause := 100 * time.Millisecond
-	for {
-		q.mu.Lock()
-		work := q.work
-		q.work = nil
-		q.mu.Unlock()
-		var again []unsentWork
-		for _, w := range work {
-			if !m.recordOne(w) {
-				if time.Since(w.since) < unsentGiveUp {
-					again = append(again, w)
-					continue
-				}
-				m.cfg.Logger.Error("never-sent attempt not recorded: the ledger did not answer for an hour",
-					zap.String("job_id", w.ref.JobID), zap.String("attempt_id", w.ref.AttemptID))
+// fail records a definitive failure of att and starts next, if set. When
+// the ledger does not answer, next may exist there but is never sent, and
+// att failed all the same (never sent, when its request never left: a
+// connect error): each is recorded so once the ledger answers, att first.
+// A connect error that comes to the ledger after att's lease ran out finds
+// att unknown (ErrStale): never sent is still proof, and it is recorded so.
+func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
+	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
+		return m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
+	})
+	if err != nil && !errors.Is(err, ledger.ErrBlocked) {
+		m.cfg.Logger.Error("failure not recorded", zap.String("job_id", att.JobID),
+			zap.String("attempt_id", att.ID), zap.Error(err))
+		connect := reason == fallback.ReasonConnect
+		switch {
+		case !answered(err):
+			if connect {
+				m.unsent(unsentWork{ref: att.Ref()})
+			} else {
+				m.unsent(unsentWork{ref: att.Ref(), failed: reason})
 			}
+			if next != nil {
+				m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: att.JobID, AttemptID: next.ID}})
+			}
+		case connect && errors.Is(err, ledger.ErrStale):
+			m.unsent(unsentWork{ref: att.Ref()})
 		}
-		q.mu.Lock()
-		q.work = append(again, q.work...)
-		if len(q.work) == 0 {
-			q.running = false
-			q.mu.Unlock()
-			return
-		}
-		q.mu.Unlock()
-		time.Sleep(pause)
-		pause = min(pause*2, unsentPauseMax)
+		return nil, err
 	}
+	return a, nil
 }
 
-// recordOne records one never-sent attempt; false means the ledger did not
-// answer, and it is tried again later.
-func (m *Middleware) recordOne(w unsentWork) bool {
-	ctx := context.Background()
-	ref := w.ref
-	if p := w.reserve; p != nil {
-		// Repeating the reservation answers where it stands: the job and
-		// this attempt if it was made (or makes them now, never sent
-		// either way), or another request's job that this one never touched.
-		repeat := *p
-		repeat.Repeat = true
-		res, err := ledgerCall(m, ctx, "reserve", func(ctx context.Context) (ledger.Reservation, error) {
-			return m.cfg.Ledger.Reserve(ctx, repeat)
-		})
-		if err != nil {
-			return false
-		}
-		if res.Attempt == nil || res.Attempt.ID != p.Attempt.ID {
-			return true
-		}
-		ref = res.Attempt.Ref()
+// failedExpiry returns when a job whose every attempt failed expires, so
+// that the client's answer can say it (Idempotency-Expires): one read,
+// made only on this path, and bounded, since the header only informs.
+// It is zero when the job is not failed by now or cannot be read.
+func (m *Middleware) failedExpiry(jobID string) time.Time {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	j, err := m.cfg.Ledger.Job(ctx, jobID)
+	if err != nil || j.State != ledger.JobFailed {
+		return time.Time{}
 	}
-	var err error
-	if w.failed != "" {
-		_, err = ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
-			return m.cfg.Ledger.Fail(ctx, ref, w.failed, nil)
-		})
-	} else {
-		_, err = ledgerCall(m, ctx, "unsent", func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, m.cfg.Ledger.Unsent(ctx, ref)
-		})
+	return j.ExpiresAt
+}
+
+// hedge starts next beside the attempt ref; like fail, a next attempt
+// whose start the ledger did not confirm is recorded never sent.
+func (m *Middleware) hedge(ref ledger.AttemptRef, next ledger.NextAttempt) (ledger.Attempt, error) {
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
+	a, err := ledgerCall(m, ctx, "hedge", func(ctx context.Context) (ledger.Attempt, error) {
+		return m.cfg.Ledger.Hedge(ctx, ref, next)
+	})
+	if !answered(err) {
+		m.unsent(unsentWork{ref: ledger.AttemptRef{JobID: ref.JobID, AttemptID: next.ID}})
 	}
+	return a, err
+}
+
+func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
+	_, err := ledgerCall(m, ctx, "mark_unknown", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, m.cfg.Ledger.MarkUnknown(ctx, att.Ref(), reason)
+	})
 	switch {
 	case err == nil:
-		m.cfg.Logger.Info("attempt recorded failed after a first record did not land", zap.String("job_id", ref.JobID),
-			zap.String("attempt_id", ref.AttemptID), zap.Bool("sent", w.failed != ""))
+		m.cfg.Logger.Warn("attempt outcome unknown", zap.String("job_id", att.JobID),
+			zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number), zap.String("reason", reason))
 	case errors.Is(err, ledger.ErrStale):
-		m.cfg.Logger.Warn("failed attempt left as it is: the job changed meanwhile, or its deadline passed",
-			zap.String("job_id", ref.JobID), zap.String("attempt_id", ref.AttemptID))
-	case !answered(err):
-		return false
+	default:
+		m.cfg.Logger.Error("unknown outcome not recorded", zap.String("job_id", att.JobID),
+			zap.String("attempt_id", att.ID), zap.Error(err))
 	}
-	return true
+}
+
+func (m *Middleware) saveBody(att ledger.Attempt, body []byte, size int64, stored bool) error {
+	ctx := context.Background() // detached from the client: ledgerCall bounds it
+	_, err := ledgerCall(m, ctx, "save_body", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, m.cfg.Ledger.SaveBody(ctx, att.Ref(), body, size, stored)
+	})
+	return err
 }
