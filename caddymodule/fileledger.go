@@ -44,7 +44,7 @@ func (f *FileLedger) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("file ledger: %w", err)
 	}
-	flushProcs(ctx.Logger())
+	warnOneProc(ctx.Logger())
 	return f.Open(ctx, "file\x00"+abs, func() (ledger.Ledger, error) {
 		return file.Open(abs, file.Options{Timeout: 10 * time.Second})
 	})
