@@ -1,5 +1,6 @@
 // Package caddymodule is the Caddy glue of onejob: the http.handlers.idempotency
-// handler and its Caddyfile directive, its guest modules (the ledgers,
+// handler and its Caddyfile directive, the idempotency app that holds
+// what the handlers of one config share, its guest modules (the ledgers,
 // idempotency.ledgers.*, and the replay cache, idempotency.caches.redis;
 // see ledgers.go for how a third party adds a ledger), the admin API, the
 // jobs page and the `caddy idempotency` command. The request flow itself
