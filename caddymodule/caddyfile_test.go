@@ -432,3 +432,18 @@ func TestUnmarshalContractAndProbe(t *testing.T) {
 		}
 	}
 }
+
+// TestAdaptProviderStrayBrace: a block closed by two braces on one line
+// has one brace too many, in a provider as in a route's handle block: the
+// adapter refuses both, since a provider's handler directives reach it as
+// they were written.
+func TestAdaptProviderStrayBrace(t *testing.T) {
+	for _, in := range []string{
+		":8080 {\n\troute {\n\t\thandle {\n\t\t\trespond 200\n\t\t} }\n}\n",
+		":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\trespond 200\n\t\t} }\n}\n",
+	} {
+		if out, err := adaptAs(in); err == nil || !strings.Contains(err.Error(), "unrecognized directive: }") {
+			t.Errorf("%q: error %v, want the stray brace refused (adapted: %s)", in, err, out)
+		}
+	}
+}

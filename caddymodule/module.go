@@ -207,6 +207,7 @@ type Handler struct {
 	unregister func()
 	unstack    func()
 	eligible   func(int) bool // nil: every provider may take a failover or hedge
+	adapting   *adapting      // while the Caddyfile is read
 }
 
 // CaddyModule returns the Caddy module information.
