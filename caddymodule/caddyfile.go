@@ -174,7 +174,7 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) error {
 func (h *Handler) finishCaddyfile() error {
 	a := h.adapting
 	h.adapting = nil
-	if err := h.checkGiven(func(name string) bool { _, ok := a.seen[name]; return ok }); err != nil {
+	if _, err := h.checkGiven(func(name string) bool { _, ok := a.seen[name]; return ok }); err != nil {
 		var fe *fieldError
 		tok, found := a.directive, false
 		if errors.As(err, &fe) {

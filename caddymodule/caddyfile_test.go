@@ -142,11 +142,11 @@ func TestUnmarshalMaxWaitStatusPath(t *testing.T) {
 // default, negative an error; "" is off).
 func TestMaxWaitStatusPathRules(t *testing.T) {
 	for _, d := range []caddy.Duration{0, caddy.Duration(time.Second)} {
-		if err := (&Handler{MaxWait: d}).check(); err != nil {
+		if _, err := (&Handler{MaxWait: d}).check(); err != nil {
 			t.Errorf("max_wait %v: %v", d, err)
 		}
 	}
-	if err := (&Handler{MaxWait: -caddy.Duration(time.Second)}).check(); err == nil || err.Error() != "max_wait must not be negative, not -1s" {
+	if _, err := (&Handler{MaxWait: -caddy.Duration(time.Second)}).check(); err == nil || err.Error() != "max_wait must not be negative, not -1s" {
 		t.Errorf("max_wait -1s: %v", err)
 	}
 	for _, p := range []string{"/jobs", "/a/b", "/jobs/"} {

@@ -222,10 +222,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	// Every mistake that can be seen before anything is opened.
-	if err := h.check(); err != nil {
+	checked, err := h.check()
+	if err != nil {
 		return err
 	}
-	var err error
 	if h.scope, err = claimScope(ctx, h.Scope); err != nil {
 		return err
 	}
@@ -318,11 +318,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if cfg.InFlightReject, err = inFlightReject(h.InFlight); err != nil {
 		return err
 	}
-	if len(h.FailoverOn) > 0 {
-		if cfg.FailoverOn, err = checkFailoverOn(h.FailoverOn); err != nil {
-			return err
-		}
-	}
+	cfg.FailoverOn = checked.failoverOn
 	if h.mw, err = proxy.New(cfg); err != nil {
 		return err
 	}
