@@ -30,11 +30,11 @@ type CacheModule interface {
 // published so that waiters on every instance wake at once. Losing it
 // loses nothing: every miss and error falls back to the ledger.
 type RedisCache struct {
-	// URL of the Redis server (redis:// or rediss://). Placeholders such
-	// as {env.REDIS_URL} are expanded. Logs and errors show it without
-	// its password.
+	// The URL of the Redis server (redis:// or rediss://). Placeholders
+	// such as {env.REDIS_URL} are expanded. Logs and errors show it
+	// without its password.
 	URL string `json:"url"`
-	// Prefix starts every cache key; default "onejob:cache:".
+	// The start of every cache key; default "onejob:cache:".
 	Prefix string `json:"prefix,omitempty"`
 
 	url, shown string // expanded, and as logs show it

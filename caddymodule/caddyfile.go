@@ -26,10 +26,26 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.Before, "invoke")
 }
 
+// parseCaddyfile reads the directive, then the provider blocks it saved,
+// with the adapter's helper (reverse_proxy reads its handle_response
+// blocks the same way).
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
-	err := m.unmarshal(h.Dispenser, &h)
-	return m, err
+	if err := m.unmarshal(h.Dispenser); err != nil {
+		return nil, err
+	}
+	if err := m.FinalizeUnmarshalCaddyfile(h); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// adapting is what the Caddyfile parser keeps from UnmarshalCaddyfile's
+// walk for FinalizeUnmarshalCaddyfile.
+type adapting struct {
+	directive caddyfile.Token            // the directive's name
+	seen      map[string]caddyfile.Token // each subdirective's first line
+	providers []caddyfile.Segment        // the provider blocks, whole
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
@@ -86,20 +102,49 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // The ledger and the cache are guest modules, each parsing its own
 // arguments and block (see their UnmarshalCaddyfile): ledger file
 // [<path>] | memory | postgres <dsn> [<schema>] | redis <url> [<prefix>],
-// and cache redis <url> [<prefix>]. Provider blocks need the Caddyfile
-// adapter (they are parsed as subroutes); everything else can be
+// and cache redis <url> [<prefix>]. Provider blocks are subroutes, which
+// only the Caddyfile adapter builds (FinalizeUnmarshalCaddyfile): on its
+// own, UnmarshalCaddyfile refuses them; everything else can be
 // unmarshaled on its own.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return h.unmarshal(d, nil)
+	if err := h.unmarshal(d); err != nil {
+		return err
+	}
+	if len(h.adapting.providers) > 0 {
+		// Where the parser stood after the first provider block: its
+		// closing brace.
+		seg := h.adapting.providers[0]
+		return wrapAt(seg[len(seg)-1], errors.New("provider blocks need the Caddyfile adapter"))
+	}
+	return h.finishCaddyfile()
 }
 
-func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper) error {
+// FinalizeUnmarshalCaddyfile parses the provider blocks UnmarshalCaddyfile
+// saved, each as a subroute of handler directives (with the helper the
+// Caddyfile adapter passes to a directive), then holds the config's values
+// to each other, as Provision does.
+func (h *Handler) FinalizeUnmarshalCaddyfile(helper httpcaddyfile.Helper) error {
+	if h.adapting == nil {
+		return nil
+	}
+	for _, seg := range h.adapting.providers {
+		if err := h.parseProvider(seg, helper); err != nil {
+			return err
+		}
+	}
+	h.adapting.providers = nil
+	return h.finishCaddyfile()
+}
+
+// unmarshal walks the directive's block. A provider block's first line is
+// judged here; the block itself is saved for FinalizeUnmarshalCaddyfile.
+func (h *Handler) unmarshal(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
-	directive := d.Token()
+	h.adapting = &adapting{directive: d.Token(), seen: map[string]caddyfile.Token{}}
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]caddyfile.Token{} // each subdirective's first line
+	seen := h.adapting.seen
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
 		if _, dup := seen[name]; dup && name != "provider" { // one block per provider; all else once
@@ -110,7 +155,7 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 		var err error
 		switch name {
 		case "provider":
-			err = h.parseProvider(d, helper)
+			err = h.saveProvider(d)
 		case "ledger":
 			h.LedgerRaw, err = unmarshalGuest[LedgerModule](d, ledgerNamespace, "backend")
 		case "cache":
@@ -122,15 +167,22 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper
 			return err
 		}
 	}
-	// The rules Provision applies, the values together: an error points at
-	// the subdirective it names, else at the directive.
-	if err := h.checkGiven(func(name string) bool { _, ok := seen[name]; return ok }); err != nil {
+	return nil
+}
+
+// finishCaddyfile applies the rules Provision applies, the values
+// together, once every line is read: an error points at the subdirective
+// it names, else at the directive.
+func (h *Handler) finishCaddyfile() error {
+	a := h.adapting
+	h.adapting = nil
+	if _, err := h.checkGiven(func(name string) bool { _, ok := a.seen[name]; return ok }); err != nil {
 		var fe *fieldError
-		tok, found := directive, false
+		tok, found := a.directive, false
 		if errors.As(err, &fe) {
 			// The line of the field it names; of the later of two.
 			for _, name := range []string{fe.name, fe.with} {
-				if t, ok := seen[name]; ok && (!found || t.Line > tok.Line) {
+				if t, ok := a.seen[name]; ok && (!found || t.Line > tok.Line) {
 					tok, found = t, true
 				}
 			}
@@ -408,52 +460,56 @@ func (h *Handler) parseProbe(d *caddyfile.Dispenser, args []string) error {
 	return nil
 }
 
-// parseProvider parses `provider <name> { <directives> }` as a subroute:
-// the name is taken off the segment, whose block is then ordinary handler
-// directives.
-func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.Helper) error {
-	line := d.Line()
+// saveProvider takes a `provider <name> { <directives> }` block off the
+// dispenser, whole, for FinalizeUnmarshalCaddyfile. What its first line
+// gets wrong is refused here, with or without the adapter.
+func (h *Handler) saveProvider(d *caddyfile.Dispenser) error {
 	seg := d.NextSegment()
 	if len(seg) < 2 || seg[1].Text == "{" {
 		return d.Errf("usage: provider <name> { <handler directives> }")
 	}
 	name := seg[1].Text
 	if len(seg) == 2 && d.Val() == "}" { // an empty block
-		return wrapAt(seg[0], (&Provider{Name: name}).check(h.Providers))
+		return wrapAt(seg[0], (&Provider{Name: name}).check(h.savedProviders()))
 	}
 	if len(seg) < 3 || seg[2].Text != "{" {
 		return wrapAt(seg[0], fmt.Errorf("provider %s: expected a block of handler directives after the name", name))
 	}
-	if helper == nil {
-		return d.Errf("provider blocks need the Caddyfile adapter")
+	h.adapting.providers = append(h.adapting.providers, seg)
+	return nil
+}
+
+// savedProviders are the providers parsed so far and those saved to be
+// parsed, by name alone: those a provider's name is held to.
+func (h *Handler) savedProviders() []*Provider {
+	earlier := slices.Clone(h.Providers)
+	for _, seg := range h.adapting.providers {
+		earlier = append(earlier, &Provider{Name: seg[1].Text})
 	}
+	return earlier
+}
+
+// parseProvider parses a saved provider block as a subroute of handler
+// directives, ordered as in a site, once the provider's own lines
+// (deduplicates, lookup) are taken out of it.
+func (h *Handler) parseProvider(seg caddyfile.Segment, helper httpcaddyfile.Helper) error {
+	name := seg[1].Text
 	if err := checkProviderName(name, h.Providers); err != nil {
 		return wrapAt(seg[0], err)
 	}
 	p := &Provider{Name: name}
 	rest, own := providerLines(seg[2:], "deduplicates", "lookup")
-	for _, l := range own {
-		if l[0].Text == "lookup" {
-			if p.Lookup != nil {
-				return wrapAt(l[0], fmt.Errorf("provider %s: lookup is given twice", name))
-			}
-			lookup, err := parseLookup(l, name)
-			if err != nil {
-				return err
-			}
-			p.Lookup = lookup
-			continue
+	for _, line := range own {
+		var err error
+		if line[0].Text == "deduplicates" {
+			err = p.parseDeduplicates(line)
+		} else if p.Lookup != nil {
+			err = wrapAt(line[0], fmt.Errorf("provider %s: lookup is given twice", name))
+		} else {
+			p.Lookup, err = parseLookup(line, name)
 		}
-		switch args := l[1:]; {
-		case len(args) > 1:
-			return wrapAt(l[0], fmt.Errorf("provider %s: usage: deduplicates [<header>]", name))
-		case len(args) == 0:
-			p.Deduplicates = proxy.DefaultKeyHeader
-		default:
-			if err := checkHeaderName(args[0].Text); err != nil {
-				return wrapAt(args[0], fmt.Errorf("provider %s: deduplicates: %w", name, err))
-			}
-			p.Deduplicates = args[0].Text
+		if err != nil {
+			return err
 		}
 	}
 	tokens := append(caddyfile.Segment{seg[0]}, rest...)
@@ -463,7 +519,7 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 	}
 	sr, ok := sub.(*caddyhttp.Subroute)
 	if !ok {
-		return fmt.Errorf("provider %s (line %d): unexpected handler %T", name, line, sub)
+		return fmt.Errorf("provider %s (line %d): unexpected handler %T", name, seg[0].Line, sub)
 	}
 	// The rule Provision applies to JSON, applied here too for the error's
 	// file and line.
@@ -475,6 +531,24 @@ func (h *Handler) parseProvider(d *caddyfile.Dispenser, helper *httpcaddyfile.He
 		return wrapAt(seg[0], err)
 	}
 	h.Providers = append(h.Providers, p)
+	return nil
+}
+
+// parseDeduplicates reads a provider's deduplicates line:
+//
+//	deduplicates [<header>]
+func (p *Provider) parseDeduplicates(line caddyfile.Segment) error {
+	switch args := line[1:]; {
+	case len(args) > 1:
+		return wrapAt(line[0], fmt.Errorf("provider %s: usage: deduplicates [<header>]", p.Name))
+	case len(args) == 0:
+		p.Deduplicates = proxy.DefaultKeyHeader
+	default:
+		if err := checkHeaderName(args[0].Text); err != nil {
+			return wrapAt(args[0], fmt.Errorf("provider %s: deduplicates: %w", p.Name, err))
+		}
+		p.Deduplicates = args[0].Text
+	}
 	return nil
 }
 
@@ -514,9 +588,19 @@ func parseLookup(line caddyfile.Segment, provider string) (*LookupConfig, error)
 }
 
 // providerLines takes a provider's own lines (those starting with one of
-// names, directly inside its block, each with the block it opens) out of block, the tokens from its
-// opening brace to its closing one, before the rest is parsed as handler
-// directives. It returns the rest and each line's tokens, in order.
+// names, directly inside its block, each with the block it opens) out of
+// block, the tokens from its opening brace to its closing one, before the
+// rest is parsed as handler directives. It returns the rest and each
+// line's tokens, in order.
+//
+// It counts braces itself rather than slice the block with the
+// dispenser's NextBlock and NextSegment and join the other segments
+// again: NextBlock steps over a closing brace that has another token after
+// it on its line, so the joined segments would not always be the tokens
+// written, and a block the adapter refuses in a handle or route block
+// (an extra brace) would be accepted in a provider. Taken out here, the
+// rest is the user's tokens, and the adapter judges them as it judges any
+// subroute.
 func providerLines(block caddyfile.Segment, names ...string) (rest caddyfile.Segment, own []caddyfile.Segment) {
 	depth := 0
 	for i := 0; i < len(block); i++ {

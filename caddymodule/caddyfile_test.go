@@ -142,11 +142,11 @@ func TestUnmarshalMaxWaitStatusPath(t *testing.T) {
 // default, negative an error; "" is off).
 func TestMaxWaitStatusPathRules(t *testing.T) {
 	for _, d := range []caddy.Duration{0, caddy.Duration(time.Second)} {
-		if err := (&Handler{MaxWait: d}).check(); err != nil {
+		if _, err := (&Handler{MaxWait: d}).check(); err != nil {
 			t.Errorf("max_wait %v: %v", d, err)
 		}
 	}
-	if err := (&Handler{MaxWait: -caddy.Duration(time.Second)}).check(); err == nil || err.Error() != "max_wait must not be negative, not -1s" {
+	if _, err := (&Handler{MaxWait: -caddy.Duration(time.Second)}).check(); err == nil || err.Error() != "max_wait must not be negative, not -1s" {
 		t.Errorf("max_wait -1s: %v", err)
 	}
 	for _, p := range []string{"/jobs", "/a/b", "/jobs/"} {
@@ -429,6 +429,21 @@ func TestUnmarshalContractAndProbe(t *testing.T) {
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+// TestAdaptProviderStrayBrace: a block closed by two braces on one line
+// has one brace too many, in a provider as in a route's handle block: the
+// adapter refuses both, since a provider's handler directives reach it as
+// they were written.
+func TestAdaptProviderStrayBrace(t *testing.T) {
+	for _, in := range []string{
+		":8080 {\n\troute {\n\t\thandle {\n\t\t\trespond 200\n\t\t} }\n}\n",
+		":8080 {\n\tidempotency {\n\t\tprovider a {\n\t\t\trespond 200\n\t\t} }\n}\n",
+	} {
+		if out, err := adaptAs(in); err == nil || !strings.Contains(err.Error(), "unrecognized directive: }") {
+			t.Errorf("%q: error %v, want the stray brace refused (adapted: %s)", in, err, out)
 		}
 	}
 }

@@ -16,9 +16,9 @@ import (
 // fdatasync per group of writes, and snapshots): durable across restarts
 // with no server to run, for one gateway on one machine. The default.
 type FileLedger struct {
-	// Path of the ledger's directory (a bbolt file of the earlier
-	// releases there is migrated at start). Default: onejob/ledger.db in
-	// Caddy's data directory.
+	// The ledger's directory (a bbolt file of the earlier releases there
+	// is migrated at start). Default: onejob/ledger.db in Caddy's data
+	// directory.
 	Path string `json:"path,omitempty"`
 
 	LedgerHolder
@@ -44,7 +44,7 @@ func (f *FileLedger) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("file ledger: %w", err)
 	}
-	flushProcs(ctx.Logger())
+	warnOneProc(ctx.Logger())
 	return f.Open(ctx, "file\x00"+abs, func() (ledger.Ledger, error) {
 		return file.Open(abs, file.Options{Timeout: 10 * time.Second})
 	})

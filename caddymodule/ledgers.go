@@ -22,7 +22,7 @@ import (
 //
 //	// Mine keeps jobs in ... (its JSON config, documented field by field)
 //	type Mine struct {
-//		// Addr is the server's address.
+//		// The server's address.
 //		Addr string `json:"addr"`
 //
 //		caddymodule.LedgerHolder

@@ -1,5 +1,6 @@
 // Package caddymodule is the Caddy glue of onejob: the http.handlers.idempotency
-// handler and its Caddyfile directive, its guest modules (the ledgers,
+// handler and its Caddyfile directive, the idempotency app that holds
+// what the handlers of one config share, its guest modules (the ledgers,
 // idempotency.ledgers.*, and the replay cache, idempotency.caches.redis;
 // see ledgers.go for how a third party adds a ledger), the admin API, the
 // jobs page and the `caddy idempotency` command. The request flow itself
@@ -38,19 +39,32 @@ func init() {
 // Handler is an idempotency gateway: requests that carry an idempotency
 // key run at most once per (owner, key); retries and duplicates get the
 // stored answer. In drop-in mode the rest of the route is the provider.
+//
+// It sets these placeholders, for the handlers after it and for the
+// access logs:
+//
+//   - {http.idempotency.job_id}: the id of the job the request's key
+//     names, once the ledger has reserved or found it; for a request to
+//     status_path, the id of the job it asked about.
+//   - {http.idempotency.attempt}: the number of the attempt this request
+//     runs (1 for the first; a failover or a hedge moves it on), set only
+//     when the request runs one, not when it waits or gets a replay.
+//   - {http.idempotency.replayed}: "true" when the answer is a stored one,
+//     replayed, or a running job's answer joined as it streams; unset
+//     otherwise.
 type Handler struct {
-	// Scope names this handler's providers apart from those of other
-	// idempotency handlers: probe results, failover eligibility, the admin
-	// API's provider list, the jobs page and the scope label of the
-	// provider metrics are kept per scope, so two sites that both have a
-	// provider named fallback never gate each other's failover. Default:
-	// the name of the HTTP server the handler is in (its key under
+	// Names this handler's providers apart from those of other idempotency
+	// handlers: probe results, failover eligibility, the admin API's
+	// provider list, the jobs page and the scope label of the provider
+	// metrics are kept per scope, so two sites that both have a provider
+	// named fallback never gate each other's failover. Default: the name
+	// of the HTTP server the handler is in (its key under
 	// apps.http.servers; srv0, srv1... from the Caddyfile, or the name the
 	// servers global option gives it), and for the server's second and
 	// later idempotency handlers, in config order, that name followed by
 	// #2, #3...: srv0, srv0#2. Set it (1 to 100 visible characters, no
-	// spaces; unique among the config's handlers) to keep a handler's
-	// name when sites are added or reordered, or to name it after the site
+	// spaces; unique among the config's handlers) to keep a handler's name
+	// when sites are added or reordered, or to name it after the site
 	// (api.example.com).
 	Scope string `json:"scope,omitempty"`
 
@@ -60,145 +74,140 @@ type Handler struct {
 	// directory.
 	LedgerRaw json.RawMessage `json:"ledger,omitempty" caddy:"namespace=idempotency.ledgers inline_key=backend"`
 
-	// Owner of a request's key (placeholders allowed). Default: the
+	// The owner of a request's key (placeholders allowed). Default: the
 	// authenticated user {http.auth.user.id}, else the Authorization
 	// header. An owner that resolves to "" is no owner: 401.
 	Owner string `json:"owner,omitempty"`
 
-	// OwnerSecret keys the HMAC-SHA-256 of stored owner and key hashes;
-	// set the same value on every instance. Default: plain SHA-256.
+	// Keys the HMAC-SHA-256 of stored owner and key hashes; set the same
+	// value on every instance. Default: plain SHA-256.
 	OwnerSecret string `json:"owner_secret,omitempty"`
 
-	// KeyHeader is the request header holding the key. Default
-	// Idempotency-Key.
+	// The request header holding the key. Default Idempotency-Key.
 	KeyHeader string `json:"key_header,omitempty"`
 
-	// Methods that are ledgered. Default POST and PATCH.
+	// The methods that are ledgered. Default POST and PATCH.
 	Methods []string `json:"methods,omitempty"`
 
-	// RequireKey answers 400 to a ledgered method without a key.
+	// Answers 400 to a ledgered method without a key.
 	RequireKey bool `json:"require_key,omitempty"`
 
-	// ImplicitKey, when set, keys a ledgered request that carries no key
-	// by its owner and fingerprint (the key implicit:<fingerprint>), so
-	// that the retries of a client that sends no key are one job; its job
-	// expires this long after it completed or failed, instead of
-	// Retention. Two intended, identical requests within the window are
-	// one job too. Off unless set; not together with RequireKey.
+	// When set, keys a ledgered request that carries no key by its owner
+	// and fingerprint (the key implicit:<fingerprint>), so that the
+	// retries of a client that sends no key are one job; its job expires
+	// this long after it completed or failed, instead of retention. Two
+	// intended, identical requests within the window are one job too. Off
+	// unless set; not together with require_key.
 	ImplicitKey caddy.Duration `json:"implicit_key,omitempty"`
 
-	// Fingerprint says how the body enters the request fingerprint: raw,
-	// json (canonical JSON) or graphql (the operation printed canonically,
-	// variables as canonical JSON, operationName; only mutations are
-	// ledgered). Default json.
+	// How the body enters the request fingerprint: raw, json (canonical
+	// JSON) or graphql (the operation printed canonically, variables as
+	// canonical JSON, operationName; only mutations are ledgered). Default
+	// json.
 	Fingerprint string `json:"fingerprint,omitempty"`
 
-	// FingerprintInclude, in json mode, are JSON Pointers (RFC 6901) to
-	// the only members of the body that enter the fingerprint; an absent
-	// member counts as absent, distinct from null.
+	// In json mode, JSON Pointers (RFC 6901) to the only members of the
+	// body that enter the fingerprint; an absent member counts as absent,
+	// distinct from null.
 	FingerprintInclude []string `json:"fingerprint_include,omitempty"`
 
-	// FingerprintExclude, in json mode, are JSON Pointers to members that
-	// do not enter the fingerprint (a timestamp, a nonce, a trace id),
-	// whether present, absent or null. Not together with
-	// FingerprintInclude. A job keeps the selection it was made with.
+	// In json mode, JSON Pointers to members that do not enter the
+	// fingerprint (a timestamp, a nonce, a trace id), whether present,
+	// absent or null. Not together with fingerprint_include. A job keeps
+	// the selection it was made with.
 	FingerprintExclude []string `json:"fingerprint_exclude,omitempty"`
 
-	// FingerprintHeaders are request headers that enter the fingerprint.
+	// Request headers that enter the fingerprint.
 	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
 
-	// StatusPath, when set, answers GET <StatusPath>/<key> (the key
-	// percent-encoded as one path segment) with the state of the owner's
-	// job as JSON (job_id, state, created_at, completed_at, expires_at,
-	// attempts, retry_after), or 404 job-not-found; another owner's job is
+	// When set, GET <status_path>/<key> (the key percent-encoded as one
+	// path segment) is answered with the state of the owner's job as JSON
+	// (job_id, state, created_at, completed_at, expires_at, attempts,
+	// retry_after), or 404 job-not-found; another owner's job is
 	// indistinguishable from none. It starts with "/" and is not "/"
 	// alone. Off unless set.
 	StatusPath string `json:"status_path,omitempty"`
 
-	// MaxRequestBody is the largest request body, in bytes, that is
-	// ledgered; larger ones get 413. Default 1 MiB.
+	// The largest request body, in bytes, that is ledgered; larger ones
+	// get 413. Default 1 MiB.
 	MaxRequestBody int64 `json:"max_request_body,omitempty"`
 
-	// MaxResponseBody is the largest answer, in bytes, that is stored;
-	// larger ones are passed through and not stored. Default 8 MiB.
+	// The largest answer, in bytes, that is stored; larger ones are passed
+	// through and not stored. Default 8 MiB.
 	MaxResponseBody int64 `json:"max_response_body,omitempty"`
 
-	// NeverStore names response headers that are never stored nor
-	// replayed, beyond Set-Cookie and the hop-by-hop headers, which never
-	// are: a CSRF token, a per-client signature. The first client still
-	// gets them as the provider sent them; replays, and answers stored
-	// before a name was added, go without them.
+	// Response headers that are never stored nor replayed, beyond
+	// Set-Cookie and the hop-by-hop headers, which never are: a CSRF
+	// token, a per-client signature. The first client still gets them as
+	// the provider sent them; replays, and answers stored before a name
+	// was added, go without them.
 	NeverStore []string `json:"never_store,omitempty"`
 
-	// Encryption seals the headers and bodies of stored answers in the
-	// ledger and in the replay cache (AES-256-GCM), with keys that
-	// rotate by id. Off unless set.
+	// Seals the headers and bodies of stored answers in the ledger and in
+	// the replay cache (AES-256-GCM), with keys that rotate by id. Off
+	// unless set.
 	Encryption *EncryptionConfig `json:"encryption,omitempty"`
 
-	// Retention is how long a key stays one intent after its job completed
-	// or failed. Default 24h.
+	// How long a key stays one intent after its job completed or failed.
+	// Default 24h.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
-	// AttemptTimeout bounds the wait for an answer's headers: past it the
-	// client gets 504 and the job is unknown. Default 30s.
+	// Bounds the wait for an answer's headers: past it the client gets 504
+	// and the job is unknown. Default 30s.
 	AttemptTimeout caddy.Duration `json:"attempt_timeout,omitempty"`
 
-	// AttemptDeadline bounds an attempt until its answer's last byte: the
-	// attempt's lease, within which a late result may still complete the
-	// job. Default 5m.
+	// Bounds an attempt until its answer's last byte: the attempt's lease,
+	// within which a late result may still complete the job. Default 5m.
 	AttemptDeadline caddy.Duration `json:"attempt_deadline,omitempty"`
 
-	// InFlight says what a duplicate of a running job gets: "wait" (for
-	// the result, up to InFlightWait) or "reject" (409 at once). Default
-	// wait.
+	// What a duplicate of a running job gets: "wait" (for the result, up
+	// to in_flight_wait) or "reject" (409 at once). Default wait.
 	InFlight string `json:"in_flight,omitempty"`
 
-	// InFlightWait bounds a duplicate's wait. Default AttemptTimeout.
+	// Bounds a duplicate's wait. Default: attempt_timeout.
 	InFlightWait caddy.Duration `json:"in_flight_wait,omitempty"`
 
-	// MaxWait caps the wait a client asks for with Prefer: wait=N (RFC
-	// 7240), which applies to a duplicate of a running job whatever
-	// InFlight says. 0 means the default, AttemptDeadline; negative is an
-	// error.
+	// Caps the wait a client asks for with Prefer: wait=N (RFC 7240),
+	// which applies to a duplicate of a running job whatever in_flight
+	// says. 0 means the default, attempt_deadline; negative is an error.
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 
-	// FailoverOn names the answers that show a provider did not act on a
-	// request: status codes (not 1xx or 2xx), connect_error and contract
-	// (which needs a Contract). Default connect_error 429 503.
+	// The answers that show a provider did not act on a request: status
+	// codes (not 1xx or 2xx), connect_error and contract (which needs a
+	// contract). Default connect_error 429 503.
 	FailoverOn []string `json:"failover_on,omitempty"`
 
-	// HedgeAfter starts a concurrent attempt on the next provider when the
-	// running one has sent no answer headers for this long. Off unless
-	// set; only for side-effect-free providers. Needs two providers or
-	// more, and is shorter than AttemptTimeout.
+	// Starts a concurrent attempt on the next provider when the running
+	// one has sent no answer headers for this long. Off unless set; only
+	// for side-effect-free providers. Needs two providers or more, and is
+	// shorter than attempt_timeout.
 	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
 
-	// ReconcileEvery is how often the reconciler of each gateway instance
-	// looks for unknown attempts to settle with their provider's lookup
-	// (Provider.Lookup); each attempt's lookups back off from there.
-	// Default 30s; only with a provider that has a lookup.
+	// How often the reconciler of each gateway instance looks for unknown
+	// attempts to settle with their provider's lookup; each attempt's
+	// lookups back off from there. Default 30s; only with a provider that
+	// has a lookup.
 	ReconcileEvery caddy.Duration `json:"reconcile_every,omitempty"`
 
-	// Providers are tried in the order given, the first being the
+	// The providers, tried in the order given, the first being the
 	// primary. Each is a list of routes, usually ending in reverse_proxy.
 	// With none, the rest of the route is the single provider.
 	Providers []*Provider `json:"providers,omitempty"`
 
-	// Cache puts a replay cache in front of the ledger: a module of
-	// namespace idempotency.caches, named by its backend (redis).
-	// Completed answers are replayed from it, and completions are
-	// published so that waiters on every instance wake at once. The
-	// ledger stays the source of truth.
+	// A replay cache in front of the ledger: a module of namespace
+	// idempotency.caches, named by its backend (redis). Completed answers
+	// are replayed from it, and completions are published so that waiters
+	// on every instance wake at once. The ledger stays the source of
+	// truth.
 	CacheRaw json.RawMessage `json:"cache,omitempty" caddy:"namespace=idempotency.caches inline_key=backend"`
 
-	// Contract is the operational contract of the route's output: every
-	// answer whose status it names is checked, and a breach is never a
-	// stored result.
+	// The operational contract of the route's output: every answer whose
+	// status it names is checked, and a breach is never a stored result.
 	Contract *ContractConfig `json:"contract,omitempty"`
 
-	// Probe sends a real request through each provider at start and
-	// every so often; failover and hedging reach a provider only while
-	// its latest probe passed. Needs provider blocks.
+	// Sends a real request through each provider at start and every so
+	// often; failover and hedging reach a provider only while its latest
+	// probe passed. Needs providers.
 	Probe *ProbeConfig `json:"probe,omitempty"`
 
 	scope      string
@@ -207,6 +216,7 @@ type Handler struct {
 	unregister func()
 	unstack    func()
 	eligible   func(int) bool // nil: every provider may take a failover or hedge
+	adapting   *adapting      // while the Caddyfile is read
 }
 
 // CaddyModule returns the Caddy module information.
@@ -221,10 +231,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	// Every mistake that can be seen before anything is opened.
-	if err := h.check(); err != nil {
+	checked, err := h.check()
+	if err != nil {
 		return err
 	}
-	var err error
 	if h.scope, err = claimScope(ctx, h.Scope); err != nil {
 		return err
 	}
@@ -317,11 +327,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if cfg.InFlightReject, err = inFlightReject(h.InFlight); err != nil {
 		return err
 	}
-	if len(h.FailoverOn) > 0 {
-		if cfg.FailoverOn, err = checkFailoverOn(h.FailoverOn); err != nil {
-			return err
-		}
-	}
+	cfg.FailoverOn = checked.failoverOn
 	if h.mw, err = proxy.New(cfg); err != nil {
 		return err
 	}
@@ -475,22 +481,22 @@ func originalURI(r *http.Request) string {
 
 // ContractConfig is the operational contract of a route's output.
 type ContractConfig struct {
-	// Status lists the answers the contract checks: codes and classes
-	// such as 2xx. Default 2xx.
+	// The answers the contract checks: codes and classes such as 2xx.
+	// Default 2xx.
 	Status []string `json:"status,omitempty"`
-	// ContentType is the media type answers must have.
+	// The media type answers must have.
 	ContentType string `json:"content_type,omitempty"`
-	// JSONSchema is a JSON Schema file (draft 2020-12) answers must match.
+	// A JSON Schema file (draft 2020-12) answers must match.
 	JSONSchema string `json:"json_schema,omitempty"`
-	// JSONSchemaAt is a JSON Pointer (RFC 6901) to the member of the
-	// answer that JSONSchema checks, instead of the whole body: a string
-	// there is parsed as JSON first (a model's structured output:
+	// A JSON Pointer (RFC 6901) to the member of the answer that
+	// json_schema checks, instead of the whole body: a string there is
+	// parsed as JSON first (a model's structured output:
 	// /choices/0/message/content, /content/0/text), and a streamed
 	// completion (text/event-stream, OpenAI- or Anthropic-style deltas) is
-	// assembled into the non-streamed layout first. Needs JSONSchema.
+	// assembled into the non-streamed layout first. Needs json_schema.
 	JSONSchemaAt string `json:"json_schema_at,omitempty"`
-	// GraphQLSchema is a GraphQL SDL file: an answer's data must match the
-	// selection set of the request's operation, typed by this schema.
+	// A GraphQL SDL file: an answer's data must match the selection set of
+	// the request's operation, typed by this schema.
 	GraphQLSchema string `json:"graphql_schema,omitempty"`
 }
 

@@ -13,12 +13,12 @@ import (
 
 // PostgresLedger keeps jobs in PostgreSQL, shared by many gateway instances.
 type PostgresLedger struct {
-	// DSN is the PostgreSQL connection string (URL or key=value form).
+	// The PostgreSQL connection string (URL or key=value form).
 	// Placeholders such as {env.DATABASE_URL} are expanded. Logs and
 	// errors show it without its password.
 	DSN string `json:"dsn"`
-	// Schema holds the ledger's tables, created or migrated at start;
-	// default "onejob".
+	// The schema that holds the ledger's tables, created or migrated at
+	// start; default "onejob".
 	Schema string `json:"schema,omitempty"`
 
 	LedgerHolder

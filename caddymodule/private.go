@@ -25,21 +25,21 @@ import (
 // share its keys; the admin API seals an operator's answer with the keys
 // of the first handler that configured any for that ledger.
 type EncryptionConfig struct {
-	// Keys are the keys, each with an id that every sealed answer
-	// carries. The first one seals new answers; every one opens the
-	// answers that name it. To rotate, put a new key first and keep the
-	// old ones until the answers sealed with them are past retention.
+	// The keys, each with an id that every sealed answer carries. The
+	// first one seals new answers; every one opens the answers that name
+	// it. To rotate, put a new key first and keep the old ones until the
+	// answers sealed with them are past retention.
 	Keys []EncryptionKey `json:"keys,omitempty"`
 }
 
-// EncryptionKey is one key of Encryption.
+// EncryptionKey is one of the keys of a handler's encryption.
 type EncryptionKey struct {
-	// ID names the key in every answer it seals: 1 to 64 letters,
-	// digits, '-', '_' or '.'; never reuse an id for another key.
+	// Names the key in every answer it seals: 1 to 64 letters, digits,
+	// '-', '_' or '.'; never reuse an id for another key.
 	ID string `json:"id,omitempty"`
-	// Key is the standard base64 of 32 random bytes (openssl rand
-	// -base64 32). Placeholders are expanded, so that the key can stay
-	// out of the config: {env.ONEJOB_KEY}, {file./run/secrets/onejob_key}.
+	// The standard base64 of 32 random bytes (openssl rand -base64 32).
+	// Placeholders are expanded, so that the key can stay out of the
+	// config: {env.ONEJOB_KEY}, {file./run/secrets/onejob_key}.
 	Key string `json:"key,omitempty"`
 }
 

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -73,8 +72,7 @@ func TestUnmarshalPrivacy(t *testing.T) {
 // up at the end of the test.
 func provisioned(t *testing.T, cfg string) (*Handler, error) {
 	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
+	ctx, _ := configContext(t)
 	h := new(Handler)
 	if err := json.Unmarshal([]byte(cfg), h); err != nil {
 		t.Fatal(err)

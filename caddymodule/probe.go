@@ -20,13 +20,13 @@ import (
 // periodically, and checked against the contract. Failover and hedging may
 // reach a provider only while its latest probe passed.
 type ProbeConfig struct {
-	// Method of the probe request.
+	// The probe request's method.
 	Method string `json:"method"`
-	// Path (and query) of the probe request.
+	// The probe request's path (and query).
 	Path string `json:"path"`
-	// BodyFile holds the probe request's body, sent as application/json.
+	// A file holding the probe request's body, sent as application/json.
 	BodyFile string `json:"body_file,omitempty"`
-	// Every is the time between probes. Default 30s.
+	// The time between probes. Default 30s.
 	Every caddy.Duration `json:"every,omitempty"`
 }
 

@@ -17,23 +17,23 @@ import (
 // Provider is one upstream a job's attempts can go to: its own list of
 // routes, as in a subroute (usually a reverse_proxy).
 type Provider struct {
-	// Name identifies the provider in the ledger, logs and metrics: 1 to
-	// 100 visible characters, no spaces, not "admin", unique within its
+	// Identifies the provider in the ledger, logs and metrics: 1 to 100
+	// visible characters, no spaces, not "admin", unique within its
 	// handler. Providers of the same name in two handlers are kept apart
 	// by each handler's scope.
 	Name string `json:"name"`
-	// Routes handle the provider's attempts; there is at least one. A
+	// The routes that handle the provider's attempts; at least one. A
 	// reverse_proxy among them must not send a request again on its own:
 	// retry_match and request_buffers are refused.
 	Routes caddyhttp.RouteList `json:"routes,omitempty"`
-	// Deduplicates names the request header the provider honours as its
-	// own idempotency key (Idempotency-Key, for many payment APIs): each
-	// attempt sends the job id there, never the client's key. Empty: the
-	// provider does not deduplicate.
+	// The request header the provider honours as its own idempotency key
+	// (Idempotency-Key, for many payment APIs): each attempt sends the job
+	// id there, never the client's key. Empty: the provider does not
+	// deduplicate.
 	Deduplicates string `json:"deduplicates,omitempty"`
-	// Lookup asks the provider whether an attempt whose outcome is unknown
-	// acted, once its attempt_deadline passed: the reconciler settles the
-	// attempt by the answer. Nil: the provider's unknown attempts wait for
+	// Asks the provider whether an attempt whose outcome is unknown acted,
+	// once its attempt_deadline passed: the reconciler settles the attempt
+	// by the answer. Without one, the provider's unknown attempts wait for
 	// an operator (or a re-send, when it deduplicates).
 	Lookup *LookupConfig `json:"lookup,omitempty"`
 
@@ -43,16 +43,16 @@ type Provider struct {
 // LookupConfig is the request a reconciler sends through a provider's
 // routes to learn whether an unknown attempt acted.
 type LookupConfig struct {
-	// Method is the lookup's HTTP method.
+	// The lookup's HTTP method.
 	Method string `json:"method"`
-	// URI is the lookup's path and query, with the placeholders
+	// The lookup's path and query, with the placeholders
 	// {idempotency.job_id} and {idempotency.attempt}: the values the
 	// provider received in Idempotency-Job-Id and Idempotency-Attempt.
 	URI string `json:"uri"`
-	// Absent lists the statuses that mean the provider never acted on the
-	// attempt: it failed, and a retry may run the job again. Default 404.
-	// A 2xx means it acted, and the answer becomes the job's; any other
-	// status leaves the attempt unknown until the next lookup.
+	// The statuses that mean the provider never acted on the attempt: it
+	// failed, and a retry may run the job again. Default 404. A 2xx means
+	// it acted, and the answer becomes the job's; any other status leaves
+	// the attempt unknown until the next lookup.
 	Absent []int `json:"absent,omitempty"`
 }
 

@@ -19,26 +19,26 @@ import (
 // and replication settings: the gateway warns at start when they cannot
 // keep the no-duplicate promise.
 type RedisLedger struct {
-	// URL of the Redis server (redis:// or rediss://), or of a Redis
+	// The URL of the Redis server (redis:// or rediss://), or of a Redis
 	// Cluster: one node's URL, or the cluster URL form
 	// redis://host1:port?addr=host2:port&addr=host3:port. Placeholders
 	// such as {env.REDIS_URL} are expanded. Logs and errors show it
 	// without its password.
 	URL string `json:"url"`
-	// Prefix starts every key; default "onejob:". Gateways that share a
+	// The start of every key; default "onejob:". Gateways that share a
 	// ledger use the same prefix. On a cluster it must not contain braces.
 	Prefix string `json:"prefix,omitempty"`
-	// Replicas, when set, is how many replicas must hold each write of a
-	// transition before the gateway acts on it: each script is followed
-	// by WAIT on the job's master, and a transition fewer replicas
-	// acknowledged in time fails (a reservation then answers 503 and is
-	// never forwarded). Without it a reservation the master acknowledged
-	// can be lost when the master fails before replicating it. See
-	// docs/ledgers.md for what each setting promises.
+	// When set, how many replicas must hold each write of a transition
+	// before the gateway acts on it: each script is followed by WAIT on
+	// the job's master, and a transition fewer replicas acknowledged in
+	// time fails (a reservation then answers 503 and is never forwarded).
+	// Without it a reservation the master acknowledged can be lost when
+	// the master fails before replicating it. See docs/ledgers.md for what
+	// each setting promises.
 	Replicas int `json:"replicas,omitempty"`
-	// ReplicaTimeout bounds the wait for Replicas; default 1s. It must be
-	// shorter than the client's read timeout (the URL's read_timeout, 5s
-	// when the URL gives none).
+	// Bounds the wait for replicas; default 1s. It must be shorter than
+	// the client's read timeout (the url's read_timeout, 5s when the url
+	// gives none).
 	ReplicaTimeout caddy.Duration `json:"replica_timeout,omitempty"`
 
 	LedgerHolder

@@ -145,20 +145,29 @@ func (c *ContractConfig) check() error {
 // Caddyfile parser applies it once the directive is read (checkGiven),
 // pointing at the line of the subdirective an error names. Fingerprint
 // selections and the files a contract names are judged when they are
-// compiled.
-func (h *Handler) check() error { return h.checkGiven(nil) }
+// compiled. What it parses on the way is returned, for Provision to use
+// as it is.
+func (h *Handler) check() (checked, error) { return h.checkGiven(nil) }
+
+// checked holds the values check parsed.
+type checked struct {
+	failoverOn fallback.FailoverOn // failover_on, parsed; the zero value when it is not set
+}
 
 // checkGiven is check, given which subdirectives a Caddyfile wrote: an
 // empty string written there (scope "") is judged, where JSON's empty
 // field is one left out.
-func (h *Handler) checkGiven(given func(name string) bool) error {
-	if err := h.checkValues(given); err != nil {
-		return err
+func (h *Handler) checkGiven(given func(name string) bool) (checked, error) {
+	var c checked
+	if err := h.checkValues(given, &c); err != nil {
+		return c, err
 	}
-	return h.checkTogether()
+	return c, h.checkTogether(c)
 }
 
-func (h *Handler) checkValues(given func(name string) bool) error {
+// checkValues judges each value on its own, and keeps in c what it
+// parsed.
+func (h *Handler) checkValues(given func(name string) bool, c *checked) error {
 	at := func(name string, err error) error {
 		if err == nil {
 			return nil
@@ -230,9 +239,11 @@ func (h *Handler) checkValues(given func(name string) bool) error {
 		return at("in_flight", err)
 	}
 	if len(h.FailoverOn) > 0 {
-		if _, err := checkFailoverOn(h.FailoverOn); err != nil {
+		f, err := checkFailoverOn(h.FailoverOn)
+		if err != nil {
 			return at("failover_on", err)
 		}
+		c.failoverOn = f
 	}
 	for i, p := range h.Providers {
 		if err := p.check(h.Providers[:i]); err != nil {
@@ -253,8 +264,8 @@ func (h *Handler) checkValues(given func(name string) bool) error {
 }
 
 // checkTogether holds the values to each other, the defaults standing in
-// for those left out.
-func (h *Handler) checkTogether() error {
+// for those left out; c is what checkValues parsed.
+func (h *Handler) checkTogether(c checked) error {
 	timeout := orDefault(h.AttemptTimeout, proxy.DefaultAttemptTimeout)
 	deadline := orDefault(h.AttemptDeadline, proxy.DefaultAttemptDeadline)
 	if deadline < timeout {
@@ -275,10 +286,8 @@ func (h *Handler) checkTogether() error {
 			return &fieldError{name: "hedge_after", err: fmt.Errorf("hedge_after (%v) must be shorter than attempt_timeout (%v): the attempt times out before a hedge would start", hedge, timeout)}
 		}
 	}
-	if h.Contract == nil && len(h.FailoverOn) > 0 {
-		if f, err := checkFailoverOn(h.FailoverOn); err == nil && f.Contract {
-			return &fieldError{name: "failover_on", err: errors.New("failover_on contract needs a contract: without one no answer breaks it")}
-		}
+	if h.Contract == nil && c.failoverOn.Contract {
+		return &fieldError{name: "failover_on", err: errors.New("failover_on contract needs a contract: without one no answer breaks it")}
 	}
 	if err := proxy.CheckImplicitKey(time.Duration(h.ImplicitKey), h.RequireKey); err != nil {
 		return &fieldError{name: "implicit_key", with: "require_key", err: err}

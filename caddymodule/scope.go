@@ -28,19 +28,16 @@ func validName(s string) bool {
 	return true
 }
 
-// The scopes of one config load: Caddy gives a handler no id, so the
-// default scope is derived from the server the handler is in and its place
-// among that server's idempotency handlers, and two handlers of one load
-// may not share a scope. A load is told apart by its context's Done
-// channel: one per config, shared by every module it provisions.
-var scopeLoads = struct {
-	sync.Mutex
-	m map[<-chan struct{}]*loadScopes
-}{m: make(map[<-chan struct{}]*loadScopes)}
-
-type loadScopes struct {
+// configScopes are the scopes handed out to the idempotency handlers of
+// one config, kept by the config's App.
+type configScopes struct {
+	mu       sync.Mutex
 	handlers map[string]int  // idempotency handlers provisioned so far, by server
 	taken    map[string]bool // scopes handed out
+}
+
+func newConfigScopes() *configScopes {
+	return &configScopes{handlers: make(map[string]int), taken: make(map[string]bool)}
 }
 
 // claimScope returns the handler's scope: explicit when set, else derived
@@ -54,35 +51,30 @@ func claimScope(ctx caddy.Context, explicit string) (string, error) {
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil && validName(srv.Name()) {
 		server = srv.Name()
 	}
-
-	done := ctx.Done()
-	scopeLoads.Lock()
-	defer scopeLoads.Unlock()
-	load := scopeLoads.m[done]
-	if load == nil {
-		load = &loadScopes{handlers: make(map[string]int), taken: make(map[string]bool)}
-		if done != nil {
-			scopeLoads.m[done] = load
-			go func() {
-				<-done
-				scopeLoads.Lock()
-				delete(scopeLoads.m, done)
-				scopeLoads.Unlock()
-			}()
-		}
+	app, err := appOf(ctx)
+	if err != nil {
+		return "", err
 	}
-	load.handlers[server]++
+	return app.scopes.claim(server, explicit)
+}
+
+// claim hands out the scope of the next handler in server: explicit, or
+// the server's name, numbered from the server's second handler on.
+func (c *configScopes) claim(server, explicit string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handlers[server]++
 	scope := explicit
 	if scope == "" {
 		scope = server
-		if n := load.handlers[server]; n > 1 {
+		if n := c.handlers[server]; n > 1 {
 			scope += "#" + strconv.Itoa(n)
 		}
 	}
-	if load.taken[scope] {
+	if c.taken[scope] {
 		return "", fmt.Errorf("scope %q is another idempotency handler's in this config: give each handler its own scope", scope)
 	}
-	load.taken[scope] = true
+	c.taken[scope] = true
 	return scope, nil
 }
 

@@ -241,11 +241,27 @@ caddy_idempotency_probe_ok{provider="primary",scope="shop"} 1
 	}
 }
 
+// configContext returns the context of a new config with nothing in it,
+// as Caddy hands it to the modules it provisions, cancelled when the test
+// ends.
+func configContext(t *testing.T) (caddy.Context, context.CancelFunc) {
+	t.Helper()
+	base, err := caddy.ProvisionContext(&caddy.Config{Logging: &caddy.Logging{Logs: map[string]*caddy.CustomLog{
+		"default": {BaseLog: caddy.BaseLog{Level: "ERROR"}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(base)
+	t.Cleanup(cancel)
+	return ctx, cancel
+}
+
 // TestClaimScope: default scopes are numbered per server within one config
 // load; a scope two handlers of a load would share is refused; another
 // load numbers afresh.
 func TestClaimScope(t *testing.T) {
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	ctx, _ := configContext(t)
 	for _, tc := range []struct{ explicit, want, err string }{
 		{"", "idempotency", ""},
 		{"api.example.com", "api.example.com", ""},
@@ -268,28 +284,84 @@ func TestClaimScope(t *testing.T) {
 		}
 	}
 
-	other, cancelOther := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancelOther()
+	other, _ := configContext(t)
 	if got, err := claimScope(other, ""); err != nil || got != "idempotency" {
 		t.Errorf("another load's first handler: %q, %v", got, err)
 	}
 	if got, err := claimScope(other, "api.example.com"); err != nil || got != "api.example.com" {
 		t.Errorf("another load's named handler: %q, %v", got, err)
 	}
+}
 
-	cancel()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		scopeLoads.Lock()
-		_, kept := scopeLoads.m[ctx.Done()]
-		scopeLoads.Unlock()
-		if !kept {
-			break
+// TestScopesPerConfig: the scopes are kept by each config's idempotency
+// app, one per config, created by the first handler that asks: two
+// configs running side by side (an old one and its reload) each have the
+// same servers' handlers, and each config's two handlers of one server
+// get srv and srv#2; neither config's claims are the other's.
+func TestScopesPerConfig(t *testing.T) {
+	// serverCtx is ctx as the HTTP app hands it to the handlers of its
+	// server name (the app names its servers when it is provisioned).
+	serverCtx := func(ctx caddy.Context, name string) caddy.Context {
+		srv := &caddyhttp.Server{Listen: []string{"127.0.0.1:0"}}
+		app := &caddyhttp.App{Servers: map[string]*caddyhttp.Server{name: srv}}
+		if err := app.Provision(ctx); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("an unloaded config's scopes are kept")
+		t.Cleanup(func() { app.Cleanup() })
+		ctx.Context = context.WithValue(ctx.Context, caddyhttp.ServerCtxKey, srv)
+		return ctx
+	}
+	oldCfg, cancelOld := configContext(t)
+	newCfg, _ := configContext(t)
+	oldSrv, newSrv := serverCtx(oldCfg, "srv"), serverCtx(newCfg, "srv")
+
+	for _, step := range []struct {
+		ctx       caddy.Context
+		want, err string
+	}{
+		{ctx: oldSrv, want: "srv"},
+		{ctx: newSrv, want: "srv"},
+		{ctx: oldSrv, want: "srv#2"},
+		{ctx: newSrv, want: "srv#2"},
+	} {
+		if got, err := claimScope(step.ctx, ""); err != nil || got != step.want {
+			t.Errorf("claim: %q, %v; want %q", got, err, step.want)
 		}
-		time.Sleep(time.Millisecond)
+	}
+	if _, err := claimScope(oldSrv, "srv#2"); err == nil {
+		t.Error("the old config handed out srv#2 twice")
+	}
+	if got, err := claimScope(newSrv, "billing"); err != nil || got != "billing" {
+		t.Errorf("new config's billing: %q, %v", got, err)
+	}
+	if got, err := claimScope(oldSrv, "billing"); err != nil || got != "billing" {
+		t.Errorf("old config's billing, claimed by the new one too: %q, %v", got, err)
+	}
+
+	oldApp, err := appOf(oldCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := appOf(oldSrv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newApp, err := appOf(newCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oldApp != again || oldApp == newApp {
+		t.Errorf("apps: old %p and %p (want the same), new %p (want another)", oldApp, again, newApp)
+	}
+
+	// The old config goes; the new one's claims stay as they were.
+	cancelOld()
+	if _, err := claimScope(newSrv, "billing"); err == nil {
+		t.Error("the new config handed out billing twice after the old config ended")
+	}
+	// Every handler of the server counts, named or not: this is its fifth.
+	if got, err := claimScope(newSrv, ""); err != nil || got != "srv#5" {
+		t.Errorf("new config's fifth handler in srv: %q, %v; want srv#5", got, err)
 	}
 }
 

@@ -1,8 +1,11 @@
 package caddymodule
 
 import (
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/onejob/onejob/fallback"
 )
 
 func TestValidMethod(t *testing.T) {
@@ -52,7 +55,7 @@ func TestProvisionRules(t *testing.T) {
 		{Handler{KeyHeader: "Idempotency Key"}, `key_header: invalid header name "Idempotency Key"`},
 		{Handler{FingerprintHeaders: []string{"X-A", "X:B"}}, `fingerprint_headers: invalid header name "X:B"`},
 	} {
-		if err := tc.h.check(); err == nil || err.Error() != tc.want {
+		if _, err := tc.h.check(); err == nil || err.Error() != tc.want {
 			t.Errorf("%+v: error %v, want %q", tc.h, err, tc.want)
 		}
 	}
@@ -80,6 +83,26 @@ func TestProvisionRules(t *testing.T) {
 		err := checkProviderName(tc.name, tc.earlier)
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || err.Error() != tc.want) {
 			t.Errorf("checkProviderName(%q): %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestProvisionFailoverOn: the failover_on that check parsed is the one
+// the request flow runs with; without it, the flow's default.
+func TestProvisionFailoverOn(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		want  fallback.FailoverOn
+	}{
+		{`,"failover_on":["connect_error","500"]`, fallback.FailoverOn{ConnectError: true, Statuses: map[int]bool{500: true}}},
+		{``, fallback.DefaultFailoverOn()},
+	} {
+		h, err := provisioned(t, `{"ledger":{"backend":"memory"}`+tc.field+`}`)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.field, err)
+		}
+		if got := h.mw.Config().FailoverOn; !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: the flow fails over on %+v, want %+v", tc.field, got, tc.want)
 		}
 	}
 }

@@ -12,10 +12,12 @@ import (
 )
 
 // pluginModules are the modules a Caddy with onejob has: the handler, the
-// admin endpoints, every ledger and the replay cache.
+// app that holds its per-config state, the admin endpoints, every ledger
+// and the replay cache.
 var pluginModules = []string{
 	"admin.api.idempotency",
 	"http.handlers.idempotency",
+	"idempotency",
 	"idempotency.caches.redis",
 	"idempotency.ledgers.file",
 	"idempotency.ledgers.memory",
@@ -26,8 +28,9 @@ var pluginModules = []string{
 // xcaddyVersion is the xcaddy the plugin build is tested with.
 const xcaddyVersion = "v0.4.5"
 
-// onejobModules returns the modules of namespace idempotency, and those
-// named idempotency in another namespace, that `<bin> list-modules` lists.
+// onejobModules returns the app idempotency, the modules of its namespace,
+// and those named idempotency in another namespace, that `<bin>
+// list-modules` lists.
 func onejobModules(t *testing.T, bin string) []string {
 	t.Helper()
 	out, err := exec.Command(bin, "list-modules").Output()
@@ -37,7 +40,7 @@ func onejobModules(t *testing.T, bin string) []string {
 	var mods []string
 	for _, line := range strings.Split(string(out), "\n") {
 		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "idempotency.") || strings.HasSuffix(line, ".idempotency") {
+		if line == "idempotency" || strings.HasPrefix(line, "idempotency.") || strings.HasSuffix(line, ".idempotency") {
 			mods = append(mods, line)
 		}
 	}
@@ -46,8 +49,8 @@ func onejobModules(t *testing.T, bin string) []string {
 }
 
 // TestListModules: the Caddy that ./xcaddy.sh builds (./cmd/caddy, which
-// the harness built) lists the handler, the admin module, every ledger and
-// the cache.
+// the harness built) lists the handler, its app, the admin module, every
+// ledger and the cache.
 func TestListModules(t *testing.T) {
 	if got := onejobModules(t, binary); !slices.Equal(got, pluginModules) {
 		t.Errorf("list-modules shows %v, want %v", got, pluginModules)

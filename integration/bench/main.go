@@ -153,7 +153,7 @@ func printSettings(w io.Writer, cfg config) {
 	fmt.Fprintf(w, "each series: a %v warm-up, then the median of %d runs of %v; wrk with %d threads and %d connections\n",
 		cfg.warmup, cfg.reps, cfg.duration, cfg.threads, cfg.connections)
 	if cfg.pin {
-		fmt.Fprintf(w, "pinning: on (wrk and pgbench on CPU %s, the gateway and plain Caddy on CPU %s; PostgreSQL, Redis and the upstream not pinned)\n", loadCPU, serverCPU)
+		fmt.Fprintf(w, "pinning: on (wrk and pgbench on CPU %s, the gateway and plain Caddy on CPU %s; GOMAXPROCS=2 for the gateway on a file ledger; PostgreSQL, Redis and the upstream not pinned)\n", loadCPU, serverCPU)
 	} else {
 		fmt.Fprintf(w, "pinning: off (every process on any core; -pin puts the load and the server under test on a core each)\n")
 	}

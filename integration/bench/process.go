@@ -63,6 +63,14 @@ func startServer(cfg config, binary, name, global, site string) (*server, error)
 	}
 	s.cmd = cfg.command(serverCPU, binary, "run", "--config", config, "--adapter", "caddyfile")
 	s.cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
+	if cfg.pin && strings.Contains(site, "ledger file") && os.Getenv("GOMAXPROCS") == "" {
+		// Pinned, Go gives the process one P, and the file ledger's
+		// fdatasync would hold it: the gateway on a file ledger gets a
+		// second one, as an operator gives it (docs/ledgers.md). Every
+		// other server keeps Go's one; a GOMAXPROCS the bench's own
+		// environment sets is kept.
+		s.cmd.Env = append(s.cmd.Env, "GOMAXPROCS=2")
+	}
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		return nil, err
