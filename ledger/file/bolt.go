@@ -8,8 +8,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/onejob/onejob/ledger/file/wal"
 	"github.com/onejob/onejob/ledger/internal/record"
-	"github.com/onejob/onejob/ledger/internal/wal"
 )
 
 // The releases before the log kept the ledger in one bbolt file at the

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/file/wal"
 	"github.com/onejob/onejob/ledger/internal/record"
-	"github.com/onejob/onejob/ledger/internal/wal"
 )
 
 // crashEnv names the ledger file of a crash helper process: when it is set,

@@ -29,7 +29,7 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
-	"github.com/onejob/onejob/ledger/internal/wal"
+	"github.com/onejob/onejob/ledger/file/wal"
 	"github.com/onejob/onejob/ledger/memory"
 )
 

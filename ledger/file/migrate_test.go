@@ -12,8 +12,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/file/wal"
 	"github.com/onejob/onejob/ledger/internal/record"
-	"github.com/onejob/onejob/ledger/internal/wal"
 	"github.com/onejob/onejob/ledger/memory"
 )
 

@@ -1,4 +1,4 @@
-// Command storagebench compares the stores considered for the file
+// Command storage compares the stores considered for the file
 // ledger under the ledger's write workload: bbolt with the group commit the
 // ledger used, the ledger's own append-only log (package wal), and Pebble.
 //
@@ -30,7 +30,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/onejob/onejob/ledger/internal/wal"
+	"github.com/onejob/onejob/ledger/file/wal"
 )
 
 // The sizes of the two records of a job.
@@ -555,6 +555,6 @@ func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/floa
 func mib(n int64) string        { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 func fatalf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "storagebench: "+format+"\n", args...)
+	fmt.Fprintf(os.Stderr, "storage: "+format+"\n", args...)
 	os.Exit(1)
 }

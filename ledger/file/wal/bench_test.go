@@ -11,7 +11,7 @@ import (
 // waits (ns/op is per record, all writers together), and the records one
 // flush carried.
 //
-//	go test -run '^$' -bench Sync ./ledger/internal/wal
+//	go test -run '^$' -bench Sync ./ledger/file/wal
 func BenchmarkSync(b *testing.B) {
 	const writers = 32
 	l, err := Open(b.TempDir(), 1)

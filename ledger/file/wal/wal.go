@@ -1,4 +1,6 @@
-// Package wal is an append-only log of records in one directory, made
+// Package wal is the file ledger's log, public so that the storage
+// benchmark (integration/bench/storage) can measure it beside other
+// engines. It is an append-only log of records in one directory, made
 // durable by group commit: records are appended in memory, and a caller
 // that needs its record on disk calls Sync, which writes everything
 // appended so far and flushes it with one fdatasync shared by all the
