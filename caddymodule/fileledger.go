@@ -12,14 +12,20 @@ import (
 	"github.com/onejob/onejob/ledger/file"
 )
 
-// FileLedger keeps jobs in a local directory (a log of changes with one
-// fdatasync per group of writes, and snapshots): durable across restarts
-// with no server to run, for one gateway on one machine. The default.
+// FileLedger keeps jobs in a local directory (an embedded Pebble database:
+// jobs and answers on disk, a bounded cache of them in memory, one fsync
+// per group of writes): durable across restarts with no server to run,
+// for one gateway on one machine. The default.
 type FileLedger struct {
 	// The ledger's directory (a bbolt file of the earlier releases there
 	// is migrated at start). Default: onejob/ledger.db in Caddy's data
 	// directory.
 	Path string `json:"path,omitempty"`
+
+	// The memory the database's cache of jobs read lately may take, in
+	// bytes. Default 64 MiB. The ledger's memory beyond it does not grow
+	// with the number of jobs stored.
+	CacheSize int64 `json:"cache_size,omitempty"`
 
 	LedgerHolder
 }
@@ -40,13 +46,16 @@ func (f *FileLedger) Provision(ctx caddy.Context) error {
 	if path == "" {
 		path = filepath.Join(caddy.AppDataDir(), "onejob", "ledger.db")
 	}
+	if f.CacheSize < 0 || f.CacheSize > maxSize {
+		return fmt.Errorf("file ledger: cache_size %d: want 1 byte to 1TiB, or none for the default", f.CacheSize)
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return fmt.Errorf("file ledger: %w", err)
 	}
 	warnOneProc(ctx.Logger())
 	return f.Open(ctx, "file\x00"+abs, func() (ledger.Ledger, error) {
-		return file.Open(abs, file.Options{Timeout: 10 * time.Second})
+		return file.Open(abs, file.Options{Timeout: 10 * time.Second, CacheSize: f.CacheSize})
 	})
 }
 
@@ -54,7 +63,12 @@ func (f *FileLedger) Provision(ctx caddy.Context) error {
 //
 //	ledger file [<path>] {
 //		path <path>
+//		cache_size <size>
 //	}
 func (f *FileLedger) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return unmarshalSettings(d, "ledger file [<path>]", setting{name: "path", dst: &f.Path})
+	return unmarshalSettings(d, "ledger file [<path>]", setting{name: "path", dst: &f.Path},
+		setting{name: "cache_size", named: true, parse: func(d *caddyfile.Dispenser, v string) (err error) {
+			f.CacheSize, err = size(d, "cache_size", []string{v})
+			return err
+		}})
 }

@@ -53,6 +53,8 @@ var mistakes = []mistake{
 	{field: "ledger.file.path", caddyfile: `ledger file ""`, line: 3, want: "path must not be empty; leave it out for the default"},
 	{field: "ledger.file.path", caddyfile: "ledger file {\n\tpath \"\"\n}", line: 4, want: "path must not be empty"},
 	{field: "ledger.file.path", json: `"ledger":{"backend":"file","path":"/"}`, want: "file ledger"},
+	{field: "ledger.file.cache_size", caddyfile: "ledger file {\n\tcache_size 0\n}", line: 4, want: `cache_size: invalid size "0": it must be more than 0`},
+	{field: "ledger.file.cache_size", json: `"ledger":{"backend":"file","cache_size":-1}`, want: "cache_size -1: want 1 byte to 1TiB"},
 	{field: "ledger.postgres", caddyfile: "ledger postgres", line: 3, json: `"ledger":{"backend":"postgres"}`, want: "dsn"},
 	{field: "ledger.postgres.dsn", caddyfile: `ledger postgres ""`, line: 3, want: "dsn must not be empty"},
 	{field: "ledger.postgres.dsn", json: `"ledger":{"backend":"postgres","dsn":""}`, want: "postgres ledger: dsn is required"},

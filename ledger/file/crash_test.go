@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
-	"github.com/onejob/onejob/ledger/file/wal"
 	"github.com/onejob/onejob/ledger/internal/record"
 )
 
@@ -31,8 +30,8 @@ const (
 // TestCrashMidBurst kills (SIGKILL) a process in the middle of a burst of
 // concurrent reservations, completions and failures on the file ledger,
 // three times over the same file. The helper prints a job only after the
-// ledger acknowledged its completion or failure. After each kill the file
-// opens, passes bbolt's consistency check, holds every acknowledged job
+// ledger acknowledged its completion or failure. After each kill the
+// ledger opens, holds every acknowledged job
 // exactly as it was acknowledged (state, attempt, whole answer) and
 // findable by its key, and every job in it is well-formed: it decodes, its
 // key and index entries agree with it, and a completed job's answer is the
@@ -96,8 +95,7 @@ func crashPending(n int) bool { return n%11 == 5 }
 // printing "done <job id> <n>" or "failed <job id> <n>" once each is
 // acknowledged.
 func crashHelper(path string, round int) {
-	// Snapshots every 64 KiB of log: kills land in compactions too.
-	l, err := Open(path, Options{Timeout: 10 * time.Second, CompactAt: 64 << 10})
+	l, err := Open(path, Options{Timeout: 10 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -240,36 +238,9 @@ func checkAfterCrash(t *testing.T, path string, acks map[string]ack) {
 		}
 	}
 
-	// Every record on disk is whole up to where a file's tail was torn,
-	// and every job record in them is well-formed.
-	names, err := filepath.Glob(filepath.Join(path, "*-*"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	records := 0
-	for _, name := range names {
-		f, err := os.Open(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := wal.Read(f, func(kind byte, payload []byte) error {
-			records++
-			if kind == kindPut {
-				checkStoredJob(t, payload)
-			} else if kind != kindDelete {
-				t.Errorf("%s: a record of kind %d", name, kind)
-			}
-			return nil
-		})
-		st, _ := f.Stat()
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n != st.Size() {
-			t.Logf("%s: %d bytes, the last %d torn", filepath.Base(name), st.Size(), st.Size()-n)
-		}
-	}
+	// Every job in the database is well-formed, and its key and index
+	// entries agree with it.
+	records := checkStore(t, l, checkStoredJob)
 	jobs := 0
 	for q := (ledger.JobQuery{Limit: 500}); ; {
 		page, err := l.Jobs(ctx, q)
@@ -285,7 +256,7 @@ func checkAfterCrash(t *testing.T, path string, acks map[string]ack) {
 	if jobs < len(acks) {
 		t.Errorf("%d jobs in the ledger, %d acknowledged", jobs, len(acks))
 	}
-	t.Logf("%d records in %d files, %d jobs", records, len(names), jobs)
+	t.Logf("%d job records, %d jobs listed", records, jobs)
 
 	// The ledger takes new work: a job of round 0 that completes, as
 	// checkStoredJob expects of its number when the next round reads it.
@@ -303,8 +274,7 @@ func checkAfterCrash(t *testing.T, path string, acks map[string]ack) {
 	}
 }
 
-// checkStoredJob checks one job record of the log or a snapshot: it
-// decodes, its state agrees with its attempts, and a completed job holds
+// checkStoredJob checks one job record: it decodes, its state agrees with its attempts, and a completed job holds
 // the exact answer the helper sent for it.
 func checkStoredJob(t *testing.T, v []byte) {
 	t.Helper()

@@ -153,43 +153,102 @@ func TestMigrationResumes(t *testing.T) {
 	}
 }
 
-// When the log outgrows the last snapshot, a snapshot replaces it: the
-// directory keeps one snapshot and the log after it, and a restart reads
-// every job from them, with the jobs removed since left out.
-func TestCompaction(t *testing.T) {
+// writeLog writes jobs as the previous release's directory held them: a
+// snapshot of the first half as of segment 2, then segment 2 with the
+// rest, a job removed (purged) and the first job written again; segment
+// 1, which the snapshot replaced, holds a job that must not come back.
+func writeLog(t *testing.T, dir string, jobs []*ledger.Job, purged *ledger.Job) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	half := len(jobs) / 2
+	err := wal.WriteSnapshot(dir, 2, func(put func(kind byte, payload []byte) error) error {
+		for _, j := range jobs[:half] {
+			if err := put(kindPut, record.Encode(j)); err != nil {
+				return err
+			}
+		}
+		return put(kindPut, record.Encode(purged))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := wal.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := testParams("replaced by the snapshot")
+	gone.JobID = ledger.NewID()
+	old.Append(kindPut, record.Encode(&ledger.Job{ID: gone.JobID, OwnerHash: gone.OwnerHash, KeyHash: gone.KeyHash, State: ledger.JobPending}))
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	log, err := wal.Open(dir, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, j := range jobs[half:] {
+		n = log.Append(kindPut, record.Encode(j))
+	}
+	log.Append(kindDelete, []byte(purged.ID))
+	n = log.Append(kindPut, record.Encode(jobs[0]))
+	if err := log.Sync(n); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A ledger directory of the previous release (a log and a snapshot) is
+// migrated at the first start: every job is there as the log left it,
+// what the log removed is not, and the old directory is kept beside the
+// new one; a start interrupted once the directory moved aside finishes
+// the move.
+func TestMigratesLog(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	ctx := context.Background()
-	l, err := Open(path, Options{CompactAt: 8 << 10})
+	m := memory.New()
+	jobs := someJobs(t, m, 40)
+	purgedP := testParams("purged")
+	r, err := m.Reserve(context.Background(), purgedP.WithNewIDs())
 	if err != nil {
 		t.Fatal(err)
 	}
-	jobs := someJobs(t, l, 400)
-	purged := testParams("purged")
-	purged.OwnerHash = []byte("another owner")
-	r, err := l.Reserve(ctx, purged.WithNewIDs())
+	writeLog(t, path, jobs, r.Job)
+	l, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Stored: true, Body: []byte{}}); err != nil {
-		t.Fatal(err)
+	checkJobs(t, l, jobs)
+	if _, err := l.Find(context.Background(), purgedP.OwnerHash, purgedP.KeyHash); err != ledger.ErrNotFound {
+		t.Errorf("the job the log removed: %v", err)
 	}
-	if st, err := l.Purge(ctx, purged.OwnerHash); err != nil || st.Removed != 1 {
-		t.Fatalf("purge: %+v %v", st, err)
+	if _, err := l.Find(context.Background(), purgedP.OwnerHash, []byte("replaced by the snapshot")); err != ledger.ErrNotFound {
+		t.Errorf("a job of a segment the snapshot replaced: %v", err)
+	}
+	if n := checkStore(t, l, func(*testing.T, []byte) {}); n != len(jobs) {
+		t.Errorf("%d jobs migrated, want %d", n, len(jobs))
 	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	logs, snaps, err := wal.Files(path)
-	if err != nil || len(snaps) != 1 || len(logs) == 0 || logs[0] < snaps[0] {
-		t.Fatalf("after compactions: segments %v, snapshots %v (%v); want one snapshot and the segments after it", logs, snaps, err)
+	if logs, snaps, err := wal.Files(path + ".wal"); err != nil || len(logs) != 2 || len(snaps) != 1 {
+		t.Fatalf("the previous release's directory is not kept: %v %v %v", logs, snaps, err)
 	}
-	t.Logf("segments %v, snapshot %v", logs, snaps)
+
+	// Interrupted after the log moved aside: the new database is whole
+	// in path.tmp, and nothing is at path.
+	if err := os.Rename(path, path+".tmp"); err != nil {
+		t.Fatal(err)
+	}
 	if l, err = Open(path, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	checkJobs(t, l, jobs)
-	if _, err := l.Find(ctx, purged.OwnerHash, purged.KeyHash); err != ledger.ErrNotFound {
-		t.Fatalf("the purged job after a restart: %v", err)
+	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
+		t.Errorf("the new database is left in path.tmp: %v", err)
 	}
 }

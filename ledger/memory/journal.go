@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 
+	"github.com/onejob/onejob/ledger/internal/fsm"
 	"github.com/onejob/onejob/ledger/internal/record"
 )
 
@@ -30,7 +31,7 @@ func (l *Ledger) Load(rec []byte) error {
 	}
 	e := l.add(key, j.ID)
 	var packed []byte // nil: held as itself
-	if settled(j) {
+	if fsm.AtRest(j) {
 		packed = rec
 	}
 	l.hold(e, j, packed)

@@ -99,7 +99,7 @@ func (e *entry) load() (*ledger.Job, error) {
 // journals it. l.mu must be held.
 func (l *Ledger) store(e *entry, j *ledger.Job) {
 	var rec []byte
-	if settled(j) {
+	if fsm.AtRest(j) {
 		rec = record.Encode(j)
 	}
 	l.hold(e, j, rec)
@@ -118,20 +118,6 @@ func (l *Ledger) sync(n uint64) error {
 		return nil
 	}
 	return l.journal.Sync(n)
-}
-
-// settled reports whether j changes only by a transition: it is completed
-// with its answer stored and no attempt is starting, so no lease can run out.
-func settled(j *ledger.Job) bool {
-	if !near.Replayable(j) {
-		return false
-	}
-	for i := range j.Attempts {
-		if j.Attempts[i].State == ledger.AttemptStarting {
-			return false
-		}
-	}
-	return true
 }
 
 // expired is the job's Expired, read without decoding it.

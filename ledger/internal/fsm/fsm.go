@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/internal/near"
 )
 
 // NewJob returns the new pending job p.JobID with attempt p.Attempt starting.
@@ -180,6 +181,22 @@ func settle(j *ledger.Job, s ledger.JobState, now time.Time) {
 // can start or win any more.
 func settled(j *ledger.Job) bool {
 	return j.CompletedBy != "" || j.State == ledger.JobCompleted || j.State == ledger.JobFailed
+}
+
+// AtRest reports whether j changes only by a transition: it is completed
+// with its whole answer stored (near.Replayable) and no attempt is
+// starting, so no lease can run out. Nearly every job spends its retention
+// so; the embedded ledgers keep such a job as its record alone.
+func AtRest(j *ledger.Job) bool {
+	if !near.Replayable(j) {
+		return false
+	}
+	for i := range j.Attempts {
+		if j.Attempts[i].State == ledger.AttemptStarting {
+			return false
+		}
+	}
+	return true
 }
 
 // Complete offers resp as the result of attempt ref: compare-and-swap on the

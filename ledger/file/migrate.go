@@ -1,0 +1,236 @@
+package file
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/onejob/onejob/ledger/file/wal"
+	"github.com/onejob/onejob/ledger/internal/record"
+	"github.com/onejob/onejob/ledger/memory"
+)
+
+// The releases before the log kept the ledger in one bbolt file at the
+// ledger's path: its bucket "jobs" mapped each job id to the job's record
+// (see package record); the other buckets were indexes of it.
+var boltJobs = []byte("jobs")
+
+// migrateBolt turns a bbolt ledger file of the earlier releases at path
+// into a ledger directory of the previous release (a log, migrated in turn
+// by migrateLog) at the same path. The file is first renamed to
+// path.bbolt, then read into a snapshot in path.tmp, which is renamed to
+// path: a start interrupted at any step finds either the file or the
+// renamed file and starts over from there. path.bbolt is kept, for an
+// operator to remove once the new release is trusted.
+func migrateBolt(path string, timeout time.Duration) error {
+	old := path + ".bbolt"
+	if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() {
+		if err := os.Rename(path, old); err != nil {
+			return err
+		}
+		if err := wal.SyncDir(filepath.Dir(path)); err != nil {
+			return err
+		}
+	} else if err == nil || !os.IsNotExist(err) {
+		return err // a directory: nothing to migrate
+	}
+	if _, err := os.Stat(old); os.IsNotExist(err) {
+		return nil // a new ledger
+	}
+	tmp := path + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return err
+	}
+	db, err := bolt.Open(old, 0o600, &bolt.Options{ReadOnly: true, Timeout: timeout})
+	if err != nil {
+		return fmt.Errorf("%s: %w", old, err)
+	}
+	defer db.Close()
+	err = wal.WriteSnapshot(tmp, firstSegment, func(put func(kind byte, payload []byte) error) error {
+		return db.View(func(tx *bolt.Tx) error {
+			jobs := tx.Bucket(boltJobs)
+			if jobs == nil {
+				return nil
+			}
+			return jobs.ForEach(func(k, v []byte) error {
+				j, err := record.Decode(v) // the oldest records are JSON
+				if err != nil {
+					return fmt.Errorf("%s: job %s: %w", old, k, err)
+				}
+				return put(kindPut, record.Encode(j))
+			})
+		})
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return wal.SyncDir(filepath.Dir(path))
+}
+
+// The previous release kept the ledger as a log (package wal) in its
+// directory: segments log-<seq> and snapshots snap-<seq> of the jobs as of
+// the start of segment seq, and a LOCK file it held with flock. Each record
+// is a job's record or the id of a job removed.
+const (
+	kindPut      byte = 1 // a job's record
+	kindDelete   byte = 2 // the id of a job removed
+	firstSegment      = 1 // the number of a new log's first segment
+)
+
+// migrateLog turns a log directory of the previous release at path into a
+// ledger of this one. The jobs are read into memory (as that release did
+// at every start) and written to a new database in path.tmp; then the
+// directory moves to path.wal, kept for an operator to remove once the new
+// release is trusted, and path.tmp takes its place. A start interrupted
+// at any step finds the log at path and starts over, or finds it moved
+// and the new database complete, and finishes.
+func migrateLog(path string, opts Options) error {
+	old, tmp := path+".wal", path+".tmp"
+	logs, snaps, err := wal.Files(path)
+	if os.IsNotExist(err) || (err == nil && len(logs) == 0 && len(snaps) == 0) {
+		if _, err := os.Stat(path); os.IsNotExist(err) && exists(old) && exists(tmp) {
+			if err := os.Rename(tmp, path); err != nil {
+				return err
+			}
+			return wal.SyncDir(filepath.Dir(path))
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	lock, err := flockDir(path, opts.Timeout)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	m := memory.New(memory.WithClock(opts.Now))
+	if err := readLog(path, m); err != nil {
+		return err
+	}
+	recs, err := m.Checkpoint(func() error { return nil })
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return err
+	}
+	db, dbLock, err := openDB(tmp, opts)
+	if err != nil {
+		return err
+	}
+	defer dbLock.Close()
+	b := db.NewBatch()
+	for i, rec := range recs {
+		j, err := record.Decode(rec)
+		if err != nil {
+			b.Close()
+			db.Close()
+			return err
+		}
+		put(b, j, shape{})
+		b.Set(identityKey(j.OwnerHash, j.KeyHash), []byte(j.ID), nil)
+		if (i+1)%1000 == 0 || i == len(recs)-1 {
+			if err := write(b); err != nil {
+				db.Close()
+				return err
+			}
+			b = db.NewBatch()
+		}
+	}
+	b.Close()
+	if err := db.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(path, old); err != nil {
+		return err
+	}
+	if err := wal.SyncDir(filepath.Dir(path)); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return wal.SyncDir(filepath.Dir(path))
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// readLog loads the jobs of a log directory into m: the last snapshot,
+// then the segments written since, in order.
+func readLog(dir string, m *memory.Ledger) error {
+	logs, snaps, err := wal.Files(dir)
+	if err != nil {
+		return err
+	}
+	var names []string
+	next := uint64(firstSegment)
+	if len(snaps) > 0 {
+		next = snaps[len(snaps)-1]
+		names = append(names, wal.Name("snap", next))
+	}
+	for _, seq := range logs {
+		if seq >= next {
+			names = append(names, wal.Name("log", seq))
+		}
+	}
+	for _, name := range names {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		_, err = wal.Read(f, func(kind byte, payload []byte) error {
+			switch kind {
+			case kindPut:
+				return m.Load(payload)
+			case kindDelete:
+				m.Unload(string(payload))
+				return nil
+			}
+			return fmt.Errorf("record of unknown kind %d", kind)
+		})
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// flockDir takes the lock the previous release held on its directory,
+// waiting up to timeout for a process of that release to let it go.
+func flockDir(dir string, timeout time.Duration) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("locked by another process (or config) after %v: %w", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

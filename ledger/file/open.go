@@ -1,0 +1,251 @@
+package file
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/onejob/onejob/ledger"
+	"github.com/onejob/onejob/ledger/file/wal"
+	"github.com/onejob/onejob/ledger/internal/fsm"
+	"github.com/onejob/onejob/ledger/internal/near"
+	"github.com/onejob/onejob/ledger/notify"
+)
+
+// Options configure a Ledger.
+type Options struct {
+	// Timeout bounds the wait for the directory's lock held by another
+	// process (or another config of this process). Default 5s.
+	Timeout time.Duration
+	// Now is the ledger's clock; default time.Now.
+	Now func() time.Time
+	// CacheSize is the memory that Pebble's block cache may take, in
+	// bytes: the jobs read lately. Default 64 MiB.
+	CacheSize int64
+}
+
+// DefaultCacheSize is CacheSize's default.
+const DefaultCacheSize = 64 << 20
+
+// memTableSize is the size of one of Pebble's memtables: the writes not yet
+// in a table on disk. Pebble holds at most two before it stalls writes.
+const memTableSize = 16 << 20
+
+// format is the version of the ledger's layout, stored under formatKey: a
+// later release's layout is refused, not misread.
+const format = "1"
+
+// Ledger is a file ledger.
+type Ledger struct {
+	fsm.Applier // the transitions of one job, over update
+
+	dir  string
+	db   *pebble.DB
+	lock *pebble.Lock // the directory's, let go after the database closes
+	now  func() time.Time
+
+	keys    stripes // an owner's key: making and removing the job it names
+	jobs    stripes // a job: every change of it
+	waiters notify.Waiters
+	replays *near.Cache // settled jobs replayed lately, decoded, by identity
+
+	mu     sync.Mutex
+	closed bool
+	users  sync.WaitGroup // calls using the database (open)
+}
+
+// Open opens (or creates) the ledger directory at path. A ledger of the
+// earlier releases at path (a directory of log segments and snapshots, or
+// a bbolt file) is migrated first.
+func Open(path string, opts Options) (*Ledger, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.CacheSize <= 0 {
+		opts.CacheSize = DefaultCacheSize
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("file ledger: %w", err)
+	}
+	if err := migrateBolt(path, opts.Timeout); err != nil {
+		return nil, fmt.Errorf("file ledger %s: migrating the bbolt file of an earlier release: %w", path, err)
+	}
+	if err := migrateLog(path, opts); err != nil {
+		return nil, fmt.Errorf("file ledger %s: migrating the log of the previous release: %w", path, err)
+	}
+	if err := makeDir(path); err != nil {
+		return nil, fmt.Errorf("file ledger %s: %w", path, err)
+	}
+	db, lock, err := openDB(path, opts)
+	if err != nil {
+		return nil, fmt.Errorf("file ledger %s: %w", path, err)
+	}
+	l := &Ledger{dir: path, db: db, lock: lock, now: opts.Now, replays: near.New(10000, 64<<20)}
+	l.Applier = fsm.Applier{Update: l.update}
+	return l, nil
+}
+
+// openDB opens the Pebble database in dir, waiting up to opts.Timeout for
+// another holder of its lock, and checks (or, new, writes) its format. The
+// caller closes the lock after the database.
+func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
+	lock, err := lockDir(dir, opts.Timeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	cache := pebble.NewCache(opts.CacheSize)
+	defer cache.Unref() // the database holds its own reference
+	db, err := pebble.Open(dir, &pebble.Options{
+		Cache:              cache,
+		Lock:               lock,
+		MemTableSize:       memTableSize,
+		FormatMajorVersion: pebble.FormatNewest,
+		Merger:             sumMerger,
+		Logger:             quiet{},
+	})
+	if err != nil {
+		lock.Close()
+		return nil, nil, err
+	}
+	v, closer, err := db.Get([]byte(formatKey))
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		err = db.Set([]byte(formatKey), []byte(format), pebble.Sync)
+	case err == nil:
+		if string(v) != format {
+			err = fmt.Errorf("the ledger's layout is version %q, not %q: it was written by a later release", v, format)
+		}
+		closer.Close()
+	}
+	if err != nil {
+		db.Close()
+		lock.Close()
+		return nil, nil, err
+	}
+	return db, lock, nil
+}
+
+// lockDir takes the directory's lock, waiting up to timeout for another
+// holder to let it go.
+func lockDir(dir string, timeout time.Duration) (*pebble.Lock, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		lock, err := pebble.LockDirectory(dir, vfs.Default)
+		if err == nil {
+			return lock, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("locked by another process (or config) after %v: %w", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// makeDir creates the ledger's directory, or checks that the directory
+// there is one: empty, or holding only a ledger's files. A path that names
+// some other directory ("/", a home directory) is a mistake, not a place
+// to write a database in.
+func makeDir(path string) error {
+	entries, err := os.ReadDir(path)
+	if os.IsNotExist(err) {
+		if err := os.Mkdir(path, 0o700); err != nil {
+			return err
+		}
+		// Its name too must survive a crash.
+		return wal.SyncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !ledgerFile(e.Name()) {
+			return fmt.Errorf("not a ledger directory: it holds %s; give the ledger a path of its own", e.Name())
+		}
+	}
+	return nil
+}
+
+// ledgerFile reports whether name is one Pebble gives a file of its
+// database.
+func ledgerFile(name string) bool {
+	switch name {
+	case "LOCK", "CURRENT", "archive":
+		return true
+	}
+	for _, prefix := range []string{"MANIFEST-", "OPTIONS-", "marker.", "temporary."} {
+		if strings.HasPrefix(name, prefix) {
+			return true
+		}
+	}
+	ext := filepath.Ext(name)
+	return ext == ".sst" || ext == ".log" || ext == ".blob" || ext == ".dbtmp"
+}
+
+// quiet is Pebble's logger: the ledger has nothing to say while it works,
+// and a fatal error stops the process, as Pebble expects.
+type quiet struct{}
+
+func (quiet) Infof(string, ...any)  {}
+func (quiet) Errorf(string, ...any) {}
+func (quiet) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("file ledger: "+format, args...))
+}
+
+// Path returns the ledger directory's path.
+func (l *Ledger) Path() string { return l.dir }
+
+// Local reports that the ledger runs in the gateway's process (ledger.Local).
+func (l *Ledger) Local() bool { return true }
+
+// Close lets the directory go, once the calls under way are finished
+// (every change acknowledged is on disk already).
+func (l *Ledger) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	l.users.Wait()
+	err := l.db.Close()
+	if lerr := l.lock.Close(); err == nil {
+		err = lerr
+	}
+	return err
+}
+
+// Size returns the bytes the ledger's files in dir take on disk (the
+// benchmark's sweep reports it).
+func Size(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err == nil {
+			n += info.Size()
+		}
+		return err
+	})
+	return n, err
+}
+
+var (
+	_ ledger.Ledger  = (*Ledger)(nil)
+	_ ledger.Counter = (*Ledger)(nil)
+	_ ledger.Purger  = (*Ledger)(nil)
+	_ io.Closer      = (*Ledger)(nil)
+)
