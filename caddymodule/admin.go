@@ -60,6 +60,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: adminJobsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleJob)},
 		{Pattern: adminProvidersPath, Handler: caddy.AdminHandlerFunc(a.handleProviders)},
 		{Pattern: adminCountsPath, Handler: caddy.AdminHandlerFunc(a.handleCounts)},
+		{Pattern: adminStoragePath, Handler: caddy.AdminHandlerFunc(a.handleStorage)},
 		{Pattern: adminPurgePath, Handler: caddy.AdminHandlerFunc(a.handlePurge)},
 		{Pattern: uiPath, Handler: caddy.AdminHandlerFunc(serveUI)},
 	}

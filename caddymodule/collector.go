@@ -14,6 +14,7 @@ import (
 // databases) add up their jobs and show the worst of their health.
 type ledgerCollector struct {
 	jobs, oldestUnknown, listenerUp, sweepLag, waitReads *prometheus.Desc
+	diskBytes, cacheBytes, cacheHits, cacheMisses        *prometheus.Desc
 }
 
 func newLedgerCollector() *ledgerCollector {
@@ -39,6 +40,18 @@ func newLedgerCollector() *ledgerCollector {
 				"one job on one instance share a read, so one change costs one read however many duplicates wait; "+
 				"only for ledgers that share them (PostgreSQL, Redis).",
 			[]string{"ledger"}, nil),
+		diskBytes: prometheus.NewDesc(name("ledger_disk_bytes"),
+			"Bytes the ledger's files take on the gateway's disk, by ledger module; only for ledgers kept there (file).",
+			[]string{"ledger"}, nil),
+		cacheBytes: prometheus.NewDesc(name("ledger_cache_bytes"),
+			"Memory the ledger's cache of jobs holds, by ledger module (its bound is cache_size); only for the file ledger.",
+			[]string{"ledger"}, nil),
+		cacheHits: prometheus.NewDesc(name("ledger_cache_hits_total"),
+			"Reads of the ledger's files its cache served, by ledger module; only for the file ledger.",
+			[]string{"ledger"}, nil),
+		cacheMisses: prometheus.NewDesc(name("ledger_cache_misses_total"),
+			"Reads of the ledger's files that went to disk, by ledger module; only for the file ledger.",
+			[]string{"ledger"}, nil),
 	}
 }
 
@@ -49,6 +62,10 @@ func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.listenerUp
 	ch <- c.sweepLag
 	ch <- c.waitReads
+	ch <- c.diskBytes
+	ch <- c.cacheBytes
+	ch <- c.cacheHits
+	ch <- c.cacheMisses
 }
 
 // Collect implements prometheus.Collector. A ledger whose count fails has
@@ -68,6 +85,8 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		sweepLagKnown bool
 		hasWaitReads  bool
 		waitReads     uint64
+		hasStorage    bool
+		storage       ledger.Storage
 	}
 	kinds := make(map[string]*kind)
 	var order []string
@@ -96,6 +115,15 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 			k.hasWaitReads = true
 			k.waitReads += r.WaitReads()
 		}
+		if r, ok := s.Ledger.(ledger.StorageReporter); ok {
+			if st, err := r.Storage(); err == nil {
+				k.hasStorage = true
+				k.storage.DiskBytes += st.DiskBytes
+				k.storage.CacheBytes += st.CacheBytes
+				k.storage.CacheHits += st.CacheHits
+				k.storage.CacheMisses += st.CacheMisses
+			}
+		}
 		k.sweepLag = max(k.sweepLag, s.sweepLag())
 	}
 	for _, name := range order {
@@ -116,6 +144,12 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.sweepLag, prometheus.GaugeValue, k.sweepLag.Seconds(), name)
 		if k.hasWaitReads {
 			ch <- prometheus.MustNewConstMetric(c.waitReads, prometheus.CounterValue, float64(k.waitReads), name)
+		}
+		if k.hasStorage {
+			ch <- prometheus.MustNewConstMetric(c.diskBytes, prometheus.GaugeValue, float64(k.storage.DiskBytes), name)
+			ch <- prometheus.MustNewConstMetric(c.cacheBytes, prometheus.GaugeValue, float64(k.storage.CacheBytes), name)
+			ch <- prometheus.MustNewConstMetric(c.cacheHits, prometheus.CounterValue, float64(k.storage.CacheHits), name)
+			ch <- prometheus.MustNewConstMetric(c.cacheMisses, prometheus.CounterValue, float64(k.storage.CacheMisses), name)
 		}
 	}
 }

@@ -116,3 +116,27 @@ type WaitReader interface {
 	// shared it.
 	WaitReads() uint64
 }
+
+// StorageReporter is implemented by a ledger that keeps its jobs on the
+// gateway's own disk (the file ledger): what it takes there, and how well
+// its cache of jobs in memory serves reads.
+type StorageReporter interface {
+	Storage() (Storage, error)
+}
+
+// Storage is a ledger's use of disk and of its cache.
+type Storage struct {
+	DiskBytes   int64  // the ledger's files
+	CacheBytes  int64  // the cache's memory in use
+	CacheSize   int64  // the cache's bound
+	CacheHits   uint64 // reads the cache served, since the ledger opened
+	CacheMisses uint64 // reads that went to disk
+}
+
+// HitRate is the share of reads the cache served, 0 before any read.
+func (s Storage) HitRate() float64 {
+	if n := s.CacheHits + s.CacheMisses; n > 0 {
+		return float64(s.CacheHits) / float64(n)
+	}
+	return 0
+}

@@ -47,10 +47,11 @@ const format = "1"
 type Ledger struct {
 	fsm.Applier // the transitions of one job, over update
 
-	dir  string
-	db   *pebble.DB
-	lock *pebble.Lock // the directory's, let go after the database closes
-	now  func() time.Time
+	dir       string
+	db        *pebble.DB
+	cacheSize int64
+	lock      *pebble.Lock // the directory's, let go after the database closes
+	now       func() time.Time
 
 	keys    stripes // an owner's key: making and removing the job it names
 	jobs    stripes // a job: every change of it
@@ -91,7 +92,7 @@ func Open(path string, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
-	l := &Ledger{dir: path, db: db, lock: lock, now: opts.Now, replays: near.New(10000, 64<<20)}
+	l := &Ledger{dir: path, db: db, cacheSize: opts.CacheSize, lock: lock, now: opts.Now, replays: near.New(10000, 64<<20)}
 	l.Applier = fsm.Applier{Update: l.update}
 	return l, nil
 }
@@ -226,6 +227,23 @@ func (l *Ledger) Close() error {
 	return err
 }
 
+// Storage implements ledger.StorageReporter.
+func (l *Ledger) Storage() (ledger.Storage, error) {
+	done, err := l.open()
+	if err != nil {
+		return ledger.Storage{}, err
+	}
+	defer done()
+	m := l.db.Metrics()
+	return ledger.Storage{
+		DiskBytes:   int64(m.DiskSpaceUsage()),
+		CacheBytes:  m.BlockCache.Size,
+		CacheSize:   l.cacheSize,
+		CacheHits:   uint64(m.BlockCache.Hits),
+		CacheMisses: uint64(m.BlockCache.Misses),
+	}, nil
+}
+
 // Size returns the bytes the ledger's files in dir take on disk (the
 // benchmark's sweep reports it).
 func Size(dir string) (int64, error) {
@@ -247,5 +265,7 @@ var (
 	_ ledger.Ledger  = (*Ledger)(nil)
 	_ ledger.Counter = (*Ledger)(nil)
 	_ ledger.Purger  = (*Ledger)(nil)
-	_ io.Closer      = (*Ledger)(nil)
+
+	_ ledger.StorageReporter = (*Ledger)(nil)
+	_ io.Closer              = (*Ledger)(nil)
 )
