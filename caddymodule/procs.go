@@ -8,7 +8,7 @@ import (
 
 // warnOneProc warns when the Go runtime has a single P (processor), as on
 // a machine with one CPU, under taskset, or in a container whose CPU
-// quota is one. The file ledger's flush is a blocking fdatasync, and the
+// quota is one. The file ledger's flush is a blocking fsync, and the
 // runtime hands the P of a goroutine blocked in a system call to another
 // thread only when its monitor next looks, which can be milliseconds
 // later: with one P the gateway stops for every flush, and requests join
@@ -19,5 +19,5 @@ func warnOneProc(log *zap.Logger) {
 	if runtime.GOMAXPROCS(0) > 1 {
 		return
 	}
-	log.Warn("GOMAXPROCS=1: the file ledger's fdatasync blocks the only P, and the gateway stops while it flushes; set GOMAXPROCS=2")
+	log.Warn("GOMAXPROCS=1: the file ledger's fsync blocks the only P, and the gateway stops while it flushes; set GOMAXPROCS=2")
 }
