@@ -42,6 +42,7 @@ type config struct {
 	waiters          int
 	soak             time.Duration
 	sweep            []int // the sweep's numbers of stored jobs; none to skip it
+	sweepAnswer      int   // bytes of each stored job's answer; 0: the gateway's own
 	pin              bool  // the load generators and the server under test each on a core of its own
 }
 
@@ -71,6 +72,7 @@ func main() {
 	flag.IntVar(&cfg.waiters, "waiters", 10000, "clients waiting on one in-flight key (0: skip)")
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
 	sweep := flag.String("sweep", "10000,100000,1000000", "numbers of jobs stored beforehand, at which the sweep measures the file ledger and PostgreSQL (\"\": skip)")
+	flag.IntVar(&cfg.sweepAnswer, "sweep-answer", 0, "bytes of each job the sweep stores beforehand: its answer padded with spaces (0: the answer as the gateway stored it)")
 	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
 	if cfg.gateway == "" || cfg.plain == "" {
@@ -94,8 +96,8 @@ func main() {
 	if cfg.sweep, err = parseSizes(*sweep); err != nil {
 		log.Fatalf("bench: %v", err)
 	}
-	if !cfg.only.MatchString("sweep") {
-		cfg.sweep = nil
+	if !cfg.only.MatchString("sweep") && !cfg.only.MatchString("sweep_file") && !cfg.only.MatchString("sweep_postgres") {
+		cfg.sweep = nil // -only sweep_file measures the file ledger's alone
 	}
 	if cfg.profiles != "" {
 		if err := os.MkdirAll(cfg.profiles, 0o755); err != nil {
