@@ -72,7 +72,7 @@ func main() {
 	flag.IntVar(&cfg.waiters, "waiters", 10000, "clients waiting on one in-flight key (0: skip)")
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
 	sweep := flag.String("sweep", "10000,100000,1000000", "numbers of jobs stored beforehand, at which the sweep measures the file ledger and PostgreSQL (\"\": skip)")
-	flag.IntVar(&cfg.sweepAnswer, "sweep-answer", 0, "bytes of each job the sweep stores beforehand: its answer padded with spaces (0: the answer as the gateway stored it)")
+	flag.IntVar(&cfg.sweepAnswer, "sweep-answer", 0, "bytes of the answer of each job the sweep stores beforehand: the gateway's, then random text (0: the answer as the gateway stored it)")
 	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
 	if cfg.gateway == "" || cfg.plain == "" {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -214,8 +216,12 @@ func learn(cfg config, up *upstream) (stored, error) {
 	}
 	s.answer = *j.Response
 	if pad := cfg.sweepAnswer - len(s.answer.Body); pad > 0 {
-		// Spaces after the JSON: the same document, of the size asked for.
-		s.answer.Body = append(bytes.Clone(s.answer.Body), bytes.Repeat([]byte(" "), pad)...)
+		// Random text after the JSON, a line of its own: an answer of the
+		// size asked for that compresses no better than a model's.
+		noise := make([]byte, base64.StdEncoding.DecodedLen(pad)+3)
+		rand.Read(noise)
+		text := append([]byte("\n"), base64.StdEncoding.EncodeToString(noise)...)
+		s.answer.Body = append(bytes.Clone(s.answer.Body), text[:pad]...)
 		s.answer.Size = int64(len(s.answer.Body))
 	}
 	s.keyHash = func(i int) []byte { return hasher.Key(storedKey(i)) }
