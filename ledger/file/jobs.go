@@ -36,19 +36,26 @@ func (l *Ledger) open() (done func(), err error) {
 
 // load reads the job jobID: nil when there is none.
 func (l *Ledger) load(jobID string) (*ledger.Job, error) {
+	j, _, err := l.loadRecord(jobID)
+	return j, err
+}
+
+// loadRecord reads the job jobID and its record: nil when there is none.
+func (l *Ledger) loadRecord(jobID string) (*ledger.Job, []byte, error) {
 	v, closer, err := l.db.Get(jobKey(jobID))
 	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("file ledger: %w", err)
+		return nil, nil, fmt.Errorf("file ledger: %w", err)
 	}
-	defer closer.Close()
-	j, err := record.Decode(bytes.Clone(v)) // a decoded job may share its record
+	rec := bytes.Clone(v) // a decoded job may share its record
+	closer.Close()
+	j, err := record.Decode(rec)
 	if err != nil {
-		return nil, fmt.Errorf("file ledger: job %s: %w", jobID, err)
+		return nil, nil, fmt.Errorf("file ledger: job %s: %w", jobID, err)
 	}
-	return j, nil
+	return j, rec, nil
 }
 
 // named returns the id of the job of an owner's key (identityKey), "" when
@@ -174,7 +181,7 @@ func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) erro
 	// repeat's time (Completion.Job.ReadAt) is never before the state it
 	// returns.
 	now := l.now()
-	j, err := l.load(jobID)
+	j, old, err := l.loadRecord(jobID)
 	if err != nil {
 		return err
 	}
@@ -182,7 +189,6 @@ func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) erro
 		return ledger.ErrNotFound
 	}
 	before := shapeOf(j)
-	old := record.Encode(j)
 	l.replays.Forget(near.Key(j.OwnerHash, j.KeyHash)) // the copy replays read would be older
 	outcome := fn(j, now)
 	if rec := record.Encode(j); !bytes.Equal(rec, old) {

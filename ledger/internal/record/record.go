@@ -7,7 +7,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/onejob/onejob/ledger"
@@ -68,7 +70,10 @@ func Encode(j *ledger.Job) []byte {
 		b = append(b, 1)
 		b = binary.AppendVarint(b, int64(r.Status))
 		b = binary.AppendUvarint(b, uint64(len(r.Header)))
-		for name, values := range r.Header {
+		// In order: a job's record is the same bytes however often it is
+		// encoded, so that a writer can tell a change from none.
+		for _, name := range slices.Sorted(maps.Keys(r.Header)) {
+			values := r.Header[name]
 			b = appendString(b, name)
 			b = binary.AppendUvarint(b, uint64(len(values)))
 			for _, v := range values {

@@ -1,8 +1,10 @@
 package record
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -181,4 +183,21 @@ func FuzzDecodeJob(f *testing.F) {
 		}
 		equalJobs(t, again, j)
 	})
+}
+
+// TestEncodeIsStable: a job encodes to the same bytes every time, however
+// its headers' map is walked, so that a ledger can tell a change from none
+// by its record.
+func TestEncodeIsStable(t *testing.T) {
+	h := map[string][]string{}
+	for i := range 20 {
+		h[fmt.Sprintf("X-H%d", i)] = []string{fmt.Sprint(i)}
+	}
+	j := &ledger.Job{ID: "j", State: ledger.JobCompleted, Response: &ledger.Response{Status: 200, Header: h, Stored: true}}
+	first := Encode(j)
+	for range 20 {
+		if !bytes.Equal(Encode(j), first) {
+			t.Fatal("two encodings of one job differ")
+		}
+	}
 }
