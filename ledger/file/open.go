@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/onejob/onejob/ledger"
@@ -107,14 +108,20 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 	}
 	cache := pebble.NewCache(opts.CacheSize)
 	defer cache.Unref() // the database holds its own reference
-	db, err := pebble.Open(dir, &pebble.Options{
+	o := &pebble.Options{
 		Cache:              cache,
 		Lock:               lock,
 		MemTableSize:       memTableSize,
 		FormatMajorVersion: pebble.FormatNewest,
 		Merger:             sumMerger,
 		Logger:             quiet{},
-	})
+	}
+	// A fresh key is looked up before it is reserved, and is nowhere: a
+	// Bloom filter per table answers that without reading the table.
+	for i := range o.Levels {
+		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(dir, o)
 	if err != nil {
 		lock.Close()
 		return nil, nil, err
