@@ -354,13 +354,19 @@ func (w *world) kill() []*gateway {
 	w.mu.Unlock()
 	w.logf("kill -9: %d gateways die (store reopened: %v)", len(victims), reopen != nil)
 	if reopen != nil {
+		w.reopening.Lock()
 		store.Close()
 		s, err := reopen()
 		if err != nil {
+			w.reopening.Unlock()
 			w.violation("world: the store does not open again after a kill -9: %v", err)
 			return nil
 		}
 		store = s
+		w.mu.Lock()
+		w.store = store // the world reads the new store from now on
+		w.mu.Unlock()
+		w.reopening.Unlock()
 	}
 	var started []*gateway
 	for _, v := range victims {

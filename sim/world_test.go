@@ -68,6 +68,12 @@ var (
 // world is one schedule: the shared store, the gateways and their links,
 // the routes and their providers, and what everyone saw, for the checker.
 type world struct {
+	// reopening is held by a kill -9 while it closes the store and opens
+	// it again, and by the world's own reads (a provider's, the
+	// operator's) while they use it: they never read a store being closed
+	// under them, as no operator or provider could.
+	reopening sync.RWMutex
+
 	seed   int64
 	pace   pace
 	start  time.Time
@@ -622,7 +628,9 @@ func (p *provider) lookup(ctx context.Context, a *ledger.Attempt) (int, http.Hea
 // attempt's deadline (zero if it cannot be read).
 func (p *provider) checkLease(job string, n int) (deadline time.Time) {
 	arrived := time.Now().Add(p.w.offset)
+	p.w.reopening.RLock()
 	j, err := p.w.current().Job(context.Background(), job)
+	p.w.reopening.RUnlock()
 	p.w.mu.Lock()
 	purged := p.w.purged != ""
 	p.w.mu.Unlock()
@@ -705,34 +713,46 @@ func (w *world) operator(done <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		store := w.current()
-		if purge && w.draw("purge", round)%4 == 0 {
+		if w.operate(purge, round) {
 			purge = false
-			owner := owners[w.draw("purged")%2]
-			// Named before the call: the purge removes jobs before it
-			// returns, and an attempt on its way may arrive in between.
-			w.mu.Lock()
-			w.purged = owner
-			w.mu.Unlock()
-			st, err := store.(ledger.Purger).Purge(context.Background(), proxy.NewHasher(nil).Owner(owner))
-			w.mu.Lock()
-			w.purgedAt = time.Now() // even after an error: it may have removed some
-			w.mu.Unlock()
-			w.logf("operator purges %s: %+v %v", owner, st, err)
-			continue
-		}
-		page, err := store.Jobs(context.Background(), ledger.JobQuery{State: ledger.JobUnknown})
-		if err != nil || len(page.Jobs) == 0 || w.draw("cancel", round)%3 != 0 {
-			continue
-		}
-		j := page.Jobs[w.draw("which", round)%uint64(len(page.Jobs))]
-		if _, err := store.Resolve(context.Background(), j.ID, ledger.Resolution{Cancel: true}); err == nil {
-			w.mu.Lock()
-			w.cancelled[j.ID] = true
-			w.mu.Unlock()
-			w.logf("operator cancels job %s", j.ID)
 		}
 	}
+}
+
+// operate is one round of the operator: a purge, if one is due, else a
+// look at the unknown jobs and now and then a cancel. It holds off a kill
+// -9's reopening of the store while it uses it, and reports whether it
+// purged.
+func (w *world) operate(purge bool, round int) (purged bool) {
+	w.reopening.RLock()
+	defer w.reopening.RUnlock()
+	store := w.current()
+	if purge && w.draw("purge", round)%4 == 0 {
+		owner := owners[w.draw("purged")%2]
+		// Named before the call: the purge removes jobs before it
+		// returns, and an attempt on its way may arrive in between.
+		w.mu.Lock()
+		w.purged = owner
+		w.mu.Unlock()
+		st, err := store.(ledger.Purger).Purge(context.Background(), proxy.NewHasher(nil).Owner(owner))
+		w.mu.Lock()
+		w.purgedAt = time.Now() // even after an error: it may have removed some
+		w.mu.Unlock()
+		w.logf("operator purges %s: %+v %v", owner, st, err)
+		return true
+	}
+	page, err := store.Jobs(context.Background(), ledger.JobQuery{State: ledger.JobUnknown})
+	if err != nil || len(page.Jobs) == 0 || w.draw("cancel", round)%3 != 0 {
+		return false
+	}
+	j := page.Jobs[w.draw("which", round)%uint64(len(page.Jobs))]
+	if _, err := store.Resolve(context.Background(), j.ID, ledger.Resolution{Cancel: true}); err == nil {
+		w.mu.Lock()
+		w.cancelled[j.ID] = true
+		w.mu.Unlock()
+		w.logf("operator cancels job %s", j.ID)
+	}
+	return false
 }
 
 // --- the clients ------------------------------------------------------------
