@@ -1,6 +1,7 @@
-// Package memory is a Ledger held in process memory: for tests and demos,
-// and the file ledger's index. Nothing survives a restart unless a Journal
-// records every change (see WithJournal).
+// Package memory is a Ledger held in process memory: for tests and demos.
+// Nothing survives a restart unless a Journal records every change (see
+// WithJournal); the file ledger reads the previous release's log into one
+// (Load, Unload, Checkpoint) to migrate it.
 package memory
 
 import (
