@@ -255,17 +255,30 @@ func learn(cfg config, up *upstream) (stored, error) {
 		Attempt:            ledger.NextAttempt{Provider: a.Provider, Lease: a.Deadline.Sub(a.StartedAt)},
 	}
 	s.answer = *j.Response
-	if pad := cfg.sweepAnswer - len(s.answer.Body); pad > 0 {
-		// Random text after the JSON, a line of its own: an answer of the
-		// size asked for that compresses no better than a model's.
-		noise := make([]byte, base64.StdEncoding.DecodedLen(pad)+3)
-		rand.Read(noise)
-		text := append([]byte("\n"), base64.StdEncoding.EncodeToString(noise)...)
-		s.answer.Body = append(bytes.Clone(s.answer.Body), text[:pad]...)
-		s.answer.Size = int64(len(s.answer.Body))
-	}
+	s.answer = padAnswer(s.answer, cfg.sweepAnswer)
 	s.keyHash = func(i int) []byte { return hasher.Key(storedKey(i)) }
 	return s, nil
+}
+
+// padAnswer returns a, its body grown to size bytes by a line of random
+// text after the JSON: an answer of the size asked for that compresses no
+// better than a model's. Its Content-Length, when it has one, says the
+// new size. A body already as large is kept.
+func padAnswer(a ledger.Response, size int) ledger.Response {
+	pad := size - len(a.Body)
+	if pad <= 0 {
+		return a
+	}
+	noise := make([]byte, base64.StdEncoding.DecodedLen(pad)+3)
+	rand.Read(noise)
+	text := append([]byte("\n"), base64.StdEncoding.EncodeToString(noise)...)
+	a.Body = append(bytes.Clone(a.Body), text[:pad]...)
+	a.Size = int64(len(a.Body))
+	a.Header = http.Header(a.Header).Clone()
+	if _, ok := a.Header["Content-Length"]; ok {
+		a.Header["Content-Length"] = []string{strconv.Itoa(len(a.Body))}
+	}
+	return a
 }
 
 // sweepPoint is what the sweep found on one ledger at one size.
@@ -527,7 +540,7 @@ func sweepAt(cfg config, up *upstream, site string, keys int, p *sweepPoint, run
 	defer srv.stop()
 	status, body, err := send(srv.url, storedKey(1))
 	if err != nil {
-		return err
+		return fmt.Errorf("a replay of a stored job: %w; the gateway's log:\n%s", err, srv.output())
 	}
 	if status != http.StatusOK || body != want {
 		return fmt.Errorf("a replay of a stored job: the gateway answered %d %.80q, want 200 %.80q", status, body, want)

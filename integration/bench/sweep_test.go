@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -98,5 +99,26 @@ func BenchmarkPreloaded(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A padded answer says its new length: a replay of it sends the whole
+// body (with the provider's Content-Length kept, the client read a cut
+// answer).
+func TestPadAnswer(t *testing.T) {
+	a := ledger.Response{Status: 200, Header: map[string][]string{"Content-Length": {"9"}, "Content-Type": {"application/json"}},
+		Body: []byte(`{"id":1}` + "\n"), Size: 9, Stored: true}
+	p := padAnswer(a, 2048)
+	if len(p.Body) != 2048 || p.Size != 2048 || !bytes.HasPrefix(p.Body, a.Body) {
+		t.Fatalf("padded body: %d bytes (size %d), want 2048 starting with the answer", len(p.Body), p.Size)
+	}
+	if got := p.Header["Content-Length"]; len(got) != 1 || got[0] != "2048" {
+		t.Errorf("Content-Length %q, want 2048", got)
+	}
+	if got := a.Header["Content-Length"][0]; got != "9" {
+		t.Errorf("the original answer's Content-Length became %q", got)
+	}
+	if same := padAnswer(a, 4); len(same.Body) != 9 {
+		t.Errorf("an answer larger than asked became %d bytes", len(same.Body))
 	}
 }
