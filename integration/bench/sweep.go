@@ -346,6 +346,11 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		}
 		began := time.Now()
 		err = preloadImport(ctx, l, l, s, keys+1, keys+p.added)
+		if err == nil {
+			// As a ledger that grew over days: the import outran the
+			// background compactions (as PostgreSQL's sweep runs VACUUM).
+			err = l.Settle(ctx)
+		}
 		p.load = time.Since(began)
 		if cerr := l.Close(); err == nil {
 			err = cerr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +136,57 @@ func TestNotALedgerDirectory(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "LOCK")); !os.IsNotExist(err) {
 		t.Errorf("the directory was written in: %v", err)
+	}
+}
+
+// TestImportSettle: jobs imported whole are read as the ledger's own, and
+// stay so once the store is settled (rewritten into its last level).
+func TestImportSettle(t *testing.T) {
+	ctx := context.Background()
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k0"), Fingerprint: []byte("f"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}
+	r, err := l.Reserve(ctx, p.WithNewIDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("kept"), Size: 4, Stored: true}); err != nil {
+		t.Fatal(err)
+	}
+	model, err := l.Job(ctx, r.Job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model.ReadAt = time.Time{}
+	ids := map[string]string{"k0": r.Job.ID}
+	var jobs []*ledger.Job
+	for i := 1; i <= 2500; i++ {
+		j := model.Clone()
+		j.ID, j.KeyHash = ledger.NewID(), []byte("k"+strconv.Itoa(i))
+		j.Attempts[0].ID, j.Attempts[0].JobID = ledger.NewID(), j.ID
+		j.CompletedBy = j.Attempts[0].ID
+		ids[string(j.KeyHash)] = j.ID
+		jobs = append(jobs, j)
+	}
+	if err := l.Import(jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := checkStore(t, l, func(*testing.T, []byte) {}); n != len(ids) {
+		t.Fatalf("%d jobs stored, want %d", n, len(ids))
+	}
+	for key, id := range ids {
+		q := p.WithNewIDs()
+		q.KeyHash = []byte(key)
+		r, err := l.Reserve(ctx, q)
+		if err != nil || r.Outcome != ledger.Done || r.Job.ID != id || string(r.Job.Response.Body) != "kept" {
+			t.Fatalf("key %s: %v %v, want the job %s done", key, r.Outcome, err, id)
+		}
 	}
 }
