@@ -36,13 +36,33 @@ func (l *Ledger) open() (done func(), err error) {
 
 // load reads the job jobID: nil when there is none.
 func (l *Ledger) load(jobID string) (*ledger.Job, error) {
-	j, _, err := l.loadRecord(jobID)
+	identity, err := l.identity(jobID)
+	if err != nil || identity == nil {
+		return nil, err
+	}
+	j, _, err := l.read(identity, jobID)
 	return j, err
 }
 
-// loadRecord reads the job jobID and its record: nil when there is none.
-func (l *Ledger) loadRecord(jobID string) (*ledger.Job, []byte, error) {
+// identity returns the identity key of the job jobID (j<id>), nil when
+// there is no such job.
+func (l *Ledger) identity(jobID string) ([]byte, error) {
 	v, closer, err := l.db.Get(jobKey(jobID))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("file ledger: %w", err)
+	}
+	defer closer.Close()
+	return bytes.Clone(v), nil
+}
+
+// read reads the job of an owner's key (identity) and its record: nil
+// when there is none, or when jobID is not "" and the key's job is
+// another.
+func (l *Ledger) read(identity []byte, jobID string) (*ledger.Job, []byte, error) {
+	v, closer, err := l.db.Get(identity)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, nil, nil
 	}
@@ -53,23 +73,12 @@ func (l *Ledger) loadRecord(jobID string) (*ledger.Job, []byte, error) {
 	closer.Close()
 	j, err := record.Decode(rec)
 	if err != nil {
-		return nil, nil, fmt.Errorf("file ledger: job %s: %w", jobID, err)
+		return nil, nil, fmt.Errorf("file ledger: the job of key %x: %w", identity, err)
+	}
+	if jobID != "" && j.ID != jobID {
+		return nil, nil, nil
 	}
 	return j, rec, nil
-}
-
-// named returns the id of the job of an owner's key (identityKey), "" when
-// there is none.
-func (l *Ledger) named(identity []byte) (string, error) {
-	v, closer, err := l.db.Get(identity)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("file ledger: %w", err)
-	}
-	defer closer.Close()
-	return string(v), nil
 }
 
 // write commits b, durably: its changes are visible only once they are on
@@ -82,20 +91,25 @@ func write(b *pebble.Batch) error {
 	return nil
 }
 
-// put writes j, whose indexes had shape before, to b.
-func put(b *pebble.Batch, j *ledger.Job, before shape) {
-	b.Set(jobKey(j.ID), record.Encode(j), nil)
+// create writes to b the new job j of an owner's key (identity): its
+// record, its id's entry, and its index entries.
+func create(b *pebble.Batch, identity []byte, j *ledger.Job) {
+	b.Set(jobKey(j.ID), identity, nil)
+	put(b, identity, j, shape{})
+}
+
+// put writes j, the job of identity, whose indexes had shape before, to b.
+func put(b *pebble.Batch, identity []byte, j *ledger.Job, before shape) {
+	b.Set(identity, record.Encode(j), nil)
 	reindex(b, j.ID, before, shapeOf(j))
 }
 
-// remove writes the removal of j to b: its record, its index entries, and
-// its key when the key still names it (named).
-func remove(b *pebble.Batch, j *ledger.Job, named string) {
+// remove writes the removal of j, the job of identity, to b: its record,
+// its id's entry and its index entries.
+func remove(b *pebble.Batch, identity []byte, j *ledger.Job) {
+	b.Delete(identity, nil)
 	b.Delete(jobKey(j.ID), nil)
 	reindex(b, j.ID, shapeOf(j), shape{})
-	if named == j.ID {
-		b.Delete(identityKey(j.OwnerHash, j.KeyHash), nil)
-	}
 }
 
 // Reserve implements ledger.Ledger.
@@ -107,81 +121,79 @@ func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Rese
 	defer done()
 	identity := identityKey(p.OwnerHash, p.KeyHash)
 	cached := near.Key(p.OwnerHash, p.KeyHash)
-	key := l.keys.of(string(identity))
-	key.Lock()
-	defer key.Unlock()
+	lock := l.locks.of(string(identity))
+	lock.Lock()
+	defer lock.Unlock()
 	now := l.now()
 	if j := l.replays.Get(cached, now); j != nil {
 		if r, ok := near.Answer(j, &p, now); ok {
 			return r, nil
 		}
 	}
-	id, err := l.named(identity)
+	j, _, err := l.read(identity, "")
 	if err != nil {
 		return ledger.Reservation{}, err
 	}
 	b := l.db.NewBatch()
-	if id != "" {
-		job := l.jobs.of(id)
-		job.Lock()
-		defer job.Unlock()
-		j, err := l.load(id)
-		if err != nil {
+	switch {
+	case j != nil && j.Expired(now):
+		remove(b, identity, j) // and a new job takes its key, below
+		l.replays.Forget(cached)
+	case j != nil:
+		gen := l.replays.Gen()
+		before := shapeOf(j)
+		r, changed := fsm.Reserve(j, p, now)
+		if !changed {
 			b.Close()
-			return ledger.Reservation{}, err
-		}
-		switch {
-		case j != nil && j.Expired(now):
-			remove(b, j, id) // and a new job takes its key, below
-			l.replays.Forget(cached)
-		case j != nil:
-			gen := l.replays.Gen()
-			before := shapeOf(j)
-			r, changed := fsm.Reserve(j, p, now)
-			if !changed {
-				b.Close()
-				if r.Outcome == ledger.Done && fsm.AtRest(j) {
-					l.replays.Put(cached, j, j.ExpiresAt, gen)
-				}
-				return r, nil
+			if r.Outcome == ledger.Done && fsm.AtRest(j) {
+				l.replays.Put(cached, j, j.ExpiresAt, gen)
 			}
-			put(b, j, before)
-			if err := write(b); err != nil {
-				return ledger.Reservation{}, err
-			}
-			l.waiters.Wake(id)
 			return r, nil
 		}
+		put(b, identity, j, before)
+		if err := write(b); err != nil {
+			return ledger.Reservation{}, err
+		}
+		l.waiters.Wake(j.ID)
+		return r, nil
 	}
-	j := fsm.NewJob(p, now)
-	put(b, j, shape{})
-	b.Set(identity, []byte(j.ID), nil)
+	gone := j
+	j = fsm.NewJob(p, now)
+	create(b, identity, j)
 	if err := write(b); err != nil {
 		return ledger.Reservation{}, err
 	}
-	if id != "" {
-		l.waiters.Wake(id) // an expired job, gone
+	if gone != nil {
+		l.waiters.Wake(gone.ID) // an expired job, gone
 	}
 	a := j.Attempts[0]
 	return ledger.Reservation{Outcome: ledger.Created, Job: j, Attempt: &a, Now: now}, nil
 }
 
-// update runs fn on the unexpired job jobID under its lock, stores what fn
-// left, whatever fn returned, and wakes the job's waiters (fsm.Applier).
+// update runs fn on the unexpired job jobID under its key's lock, stores
+// what fn left, whatever fn returned, and wakes the job's waiters
+// (fsm.Applier).
 func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) error) error {
 	done, err := l.open()
 	if err != nil {
 		return err
 	}
 	defer done()
-	job := l.jobs.of(jobID)
-	job.Lock()
-	defer job.Unlock()
+	identity, err := l.identity(jobID) // a job's key never changes
+	if err != nil {
+		return err
+	}
+	if identity == nil {
+		return ledger.ErrNotFound
+	}
+	lock := l.locks.of(string(identity))
+	lock.Lock()
+	defer lock.Unlock()
 	// Read under the lock: transitions happen in the clock's order, so a
 	// repeat's time (Completion.Job.ReadAt) is never before the state it
 	// returns.
 	now := l.now()
-	j, old, err := l.loadRecord(jobID)
+	j, old, err := l.read(identity, jobID)
 	if err != nil {
 		return err
 	}
@@ -193,7 +205,7 @@ func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) erro
 	outcome := fn(j, now)
 	if rec := record.Encode(j); !bytes.Equal(rec, old) {
 		b := l.db.NewBatch()
-		b.Set(jobKey(j.ID), rec, nil)
+		b.Set(identity, rec, nil)
 		reindex(b, j.ID, before, shapeOf(j))
 		if err := write(b); err != nil {
 			return err
@@ -210,6 +222,12 @@ func (l *Ledger) current(jobID string, now time.Time) (*ledger.Job, error) {
 	if err != nil {
 		return nil, err
 	}
+	return live(j, now)
+}
+
+// live returns j, read at now, with its leases applied; ErrNotFound when
+// it is nil or its retention ended.
+func live(j *ledger.Job, now time.Time) (*ledger.Job, error) {
 	if j == nil || j.Expired(now) {
 		return nil, ledger.ErrNotFound
 	}
@@ -241,15 +259,11 @@ func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job
 	}
 	defer done()
 	now := l.now()
-	id, err := l.named(identityKey(ownerHash, keyHash))
+	j, _, err := l.read(identityKey(ownerHash, keyHash), "")
 	if err != nil {
 		return nil, err
 	}
-	if id == "" {
-		return nil, ledger.ErrNotFound
-	}
-	j, err := l.current(id, now)
-	if err != nil {
+	if j, err = live(j, now); err != nil {
 		return nil, err
 	}
 	j.ReadAt = now

@@ -1,6 +1,7 @@
 package file
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"hash/maphash"
@@ -16,8 +17,8 @@ import (
 
 // The key space (see the package doc): one byte says what a key holds.
 const (
-	prefixJob    = 'j' // j<id>: the job's record
-	prefixKey    = 'k' // k<len(owner)><owner><key>: the id of the job of an owner's key
+	prefixJob    = 'j' // j<id>: the job's identity key (k...)
+	prefixKey    = 'k' // k<len(owner)><owner><key>, the identity key: the record of the job of an owner's key
 	prefixExpiry = 'x' // x<expiry, Unix ns, big-endian><id>: nothing
 	prefixOpen   = 'o' // o<id>: nothing; the job is not at rest
 	totalKey     = "n" // the number of jobs, a sum of varint deltas (sumMerger)
@@ -41,7 +42,20 @@ func openKey(id string) []byte { return append([]byte{prefixOpen}, id...) }
 
 // prefixBounds are the iterator bounds of every key that starts with p.
 func prefixBounds(p byte) *pebble.IterOptions {
-	return &pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}}
+	return &pebble.IterOptions{LowerBound: []byte{p}, UpperBound: upperBound([]byte{p})}
+}
+
+// upperBound returns the first key after every key that starts with
+// prefix, nil when there is none (prefix is all 0xff).
+func upperBound(prefix []byte) []byte {
+	end := bytes.Clone(prefix)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
 }
 
 // shape is what the indexes hold of a job: when it expires (zero: not
@@ -109,8 +123,9 @@ func (s *sum) Finish(bool) ([]byte, io.Closer, error) {
 	return binary.AppendVarint(nil, s.n), nil, nil
 }
 
-// stripes are locks by hash: a job's (or a key's) transitions take its
-// stripe, so that they run one at a time, and others beside them.
+// stripes are locks by hash: the transitions of the job of an owner's
+// key (and the making and removing of it) take the key's stripe, so that
+// they run one at a time, and others beside them.
 type stripes [256]sync.Mutex
 
 var stripeSeed = maphash.MakeSeed()

@@ -165,15 +165,25 @@ func migrateLog(path string, opts Options) error {
 	return wal.SyncDir(filepath.Dir(path))
 }
 
-// importJobs writes jobs, none of them in db yet, with their keys and index
-// entries, a thousand to a batch.
+// importJobs writes jobs, none of them (nor their keys) in db yet, with
+// their index entries, a thousand to a batch. Of two jobs of one key,
+// which no ledger keeps, the newer (by id) is written.
 func importJobs(db *pebble.DB, jobs []*ledger.Job) error {
+	newest := make(map[string]*ledger.Job, len(jobs))
+	for _, j := range jobs {
+		id := string(identityKey(j.OwnerHash, j.KeyHash))
+		if o := newest[id]; o == nil || o.ID < j.ID {
+			newest[id] = j
+		}
+	}
 	for len(jobs) > 0 {
 		n := min(len(jobs), 1000)
 		b := db.NewBatch()
 		for _, j := range jobs[:n] {
-			put(b, j, shape{})
-			b.Set(identityKey(j.OwnerHash, j.KeyHash), []byte(j.ID), nil)
+			identity := identityKey(j.OwnerHash, j.KeyHash)
+			if newest[string(identity)] == j {
+				create(b, identity, j)
+			}
 		}
 		if err := write(b); err != nil {
 			return err

@@ -54,8 +54,7 @@ type Ledger struct {
 	lock      *pebble.Lock // the directory's, let go after the database closes
 	now       func() time.Time
 
-	keys    stripes // an owner's key: making and removing the job it names
-	jobs    stripes // a job: every change of it
+	locks   stripes // an owner's key: every change of its job
 	waiters notify.Waiters
 	replays *near.Cache // settled jobs replayed lately, decoded, by identity
 

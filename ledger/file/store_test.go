@@ -11,10 +11,10 @@ import (
 
 // checkStore reads every key of l's database as an operator's tool would,
 // runs check on each job record, and checks the indexes against the jobs:
-// each job's key names it (or a newer job of the same key), it is listed
-// by its expiry when it has one and as not at rest when it is not, no
-// index entry names a job that is not there, and the count of jobs is
-// the number of records. It returns that number.
+// each record is under its job's own key, its id names that key, it is
+// listed by its expiry when it has one and as not at rest when it is
+// not, no index entry names a job that is not there, and the count of
+// jobs is the number of records. It returns that number.
 func checkStore(t *testing.T, l *Ledger, check func(t *testing.T, rec []byte)) int {
 	t.Helper()
 	it, err := l.db.NewIter(nil)
@@ -23,24 +23,24 @@ func checkStore(t *testing.T, l *Ledger, check func(t *testing.T, rec []byte)) i
 	}
 	defer it.Close()
 	jobs := map[string]*ledger.Job{}
-	named := map[string]string{} // identity key → id
-	expiry := map[string]bool{}  // expiry keys
+	ids := map[string]string{}  // id → identity key
+	expiry := map[string]bool{} // expiry keys
 	open := map[string]bool{}
 	for ok := it.First(); ok; ok = it.Next() {
 		k, v := it.Key(), it.Value()
 		switch k[0] {
-		case prefixJob:
+		case prefixKey:
 			check(t, v)
 			j, err := record.Decode(bytes.Clone(v))
 			if err != nil {
 				continue // check said so
 			}
-			if j.ID != string(k[1:]) {
-				t.Errorf("the record under %q is job %s", k, j.ID)
+			if want := identityKey(j.OwnerHash, j.KeyHash); !bytes.Equal(k, want) {
+				t.Errorf("job %s is under the key %q, not its own %q", j.ID, k, want)
 			}
 			jobs[j.ID] = j
-		case prefixKey:
-			named[string(k)] = string(v)
+		case prefixJob:
+			ids[string(k[1:])] = string(v)
 		case prefixExpiry:
 			expiry[string(k)] = true
 		case prefixOpen:
@@ -54,9 +54,10 @@ func checkStore(t *testing.T, l *Ledger, check func(t *testing.T, rec []byte)) i
 		t.Fatal(err)
 	}
 	for id, j := range jobs {
-		if got := named[string(identityKey(j.OwnerHash, j.KeyHash))]; got != id && (got == "" || got < id) {
-			t.Errorf("job %s: its key names %q", id, got)
+		if got := ids[id]; got != string(identityKey(j.OwnerHash, j.KeyHash)) {
+			t.Errorf("job %s: its id names the key %q", id, got)
 		}
+		delete(ids, id)
 		if !j.ExpiresAt.IsZero() && !expiry[string(expiryKey(j.ExpiresAt, id))] {
 			t.Errorf("job %s: not listed by its expiry %v", id, j.ExpiresAt)
 		}
@@ -66,10 +67,8 @@ func checkStore(t *testing.T, l *Ledger, check func(t *testing.T, rec []byte)) i
 		}
 		delete(open, id)
 	}
-	for k, id := range named {
-		if jobs[id] == nil {
-			t.Errorf("key %q names job %s, which is not there", k, id)
-		}
+	for id, k := range ids {
+		t.Errorf("the id %s names the key %q, which holds no such job", id, k)
 	}
 	for k := range expiry {
 		t.Errorf("an expiry entry of no job: %q", k)

@@ -17,22 +17,19 @@ import (
 )
 
 // removeIf removes the job jobID when keep, given the job with its leases
-// applied at now, says no: under the lock of its key and then its own, as
-// Reserve takes them. It reports whether it removed the job; a job gone
-// already is neither removed nor kept.
+// applied at now, says no: under its key's lock, as every transition of
+// it. It reports whether it removed the job; a job gone already is
+// neither removed nor kept.
 func (l *Ledger) removeIf(jobID string, now time.Time, keep func(j *ledger.Job) bool) (removed, kept bool, err error) {
-	j, err := l.load(jobID) // for its key; read again under the locks
-	if err != nil || j == nil {
+	identity, err := l.identity(jobID)
+	if err != nil || identity == nil {
 		return false, false, err
 	}
-	identity := identityKey(j.OwnerHash, j.KeyHash)
-	key := l.keys.of(string(identity))
-	key.Lock()
-	defer key.Unlock()
-	job := l.jobs.of(jobID)
-	job.Lock()
-	defer job.Unlock()
-	if j, err = l.load(jobID); err != nil || j == nil {
+	lock := l.locks.of(string(identity))
+	lock.Lock()
+	defer lock.Unlock()
+	j, _, err := l.read(identity, jobID)
+	if err != nil || j == nil {
 		return false, false, err
 	}
 	seen := j.Clone()
@@ -40,12 +37,8 @@ func (l *Ledger) removeIf(jobID string, now time.Time, keep func(j *ledger.Job) 
 	if keep(seen) {
 		return false, true, nil
 	}
-	named, err := l.named(identity)
-	if err != nil {
-		return false, false, err
-	}
 	b := l.db.NewBatch()
-	remove(b, j, named)
+	remove(b, identity, j)
 	if err := write(b); err != nil {
 		return false, false, err
 	}
@@ -185,9 +178,8 @@ func (l *Ledger) Len() int {
 	return int(n)
 }
 
-// Purge implements ledger.Purger. The ledger has no index by owner, so
-// Purge reads every job's record, decoding only the owner's: its cost
-// grows with the whole ledger, an operator's call.
+// Purge implements ledger.Purger: an owner's keys are one range of the
+// key space (k<owner>...), read in key order.
 func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
 	done, err := l.open()
 	if err != nil {
@@ -197,19 +189,18 @@ func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, 
 	var st ledger.PurgeStats
 	now := l.now()
 	var ids []string
-	it, err := l.db.NewIter(prefixBounds(prefixJob))
+	lower := identityKey(ownerHash, nil)
+	it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upperBound(lower)})
 	if err != nil {
 		return st, fmt.Errorf("file ledger: %w", err)
 	}
 	for ok := it.First(); ok; ok = it.Next() {
-		owner, err := record.Owner(it.Value())
+		j, err := record.Decode(bytes.Clone(it.Value()))
 		if err != nil {
 			it.Close()
-			return st, fmt.Errorf("file ledger: job %s: %w", it.Key()[1:], err)
+			return st, fmt.Errorf("file ledger: the job of key %x: %w", it.Key(), err)
 		}
-		if bytes.Equal(owner, ownerHash) {
-			ids = append(ids, string(it.Key()[1:]))
-		}
+		ids = append(ids, j.ID)
 	}
 	if err := it.Close(); err != nil {
 		return st, fmt.Errorf("file ledger: %w", err)

@@ -248,28 +248,6 @@ func Decode(v []byte) (*ledger.Job, error) {
 
 // decoder reads a record; after the first error every read returns zero
 // values and err stays set.
-// Owner returns the owner hash of a record, reading nothing after it: a
-// scan for one owner's jobs (a purge) decodes no more.
-func Owner(v []byte) ([]byte, error) {
-	if len(v) > 0 && v[0] == '{' {
-		j, err := Decode(v)
-		if err != nil {
-			return nil, err
-		}
-		return j.OwnerHash, nil
-	}
-	if len(v) == 0 || v[0] < recordV1 || v[0] > recordV4 {
-		return nil, ErrCorrupt
-	}
-	d := decoder{b: v[1:]}
-	d.string() // the id
-	owner := d.bytes()
-	if d.err != nil {
-		return nil, d.err
-	}
-	return owner, nil
-}
-
 type decoder struct {
 	b   []byte
 	err error
