@@ -22,9 +22,10 @@ type FileLedger struct {
 	// directory.
 	Path string `json:"path,omitempty"`
 
-	// The memory the database's cache of jobs read lately may take, in
-	// bytes. Default 64 MiB. The ledger's memory beyond it does not grow
-	// with the number of jobs stored.
+	// The memory the ledger's caches may take, in bytes: the stored jobs
+	// read lately, and (a quarter) the answers replayed lately. Default
+	// 64 MiB. The ledger's memory beyond it does not grow with the number
+	// of jobs stored.
 	CacheSize int64 `json:"cache_size,omitempty"`
 
 	LedgerHolder

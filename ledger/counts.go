@@ -127,9 +127,9 @@ type StorageReporter interface {
 // Storage is a ledger's use of disk and of its cache.
 type Storage struct {
 	DiskBytes   int64  // the ledger's files
-	CacheBytes  int64  // the cache's memory in use
-	CacheSize   int64  // the cache's bound
-	CacheHits   uint64 // reads the cache served, since the ledger opened
+	CacheBytes  int64  // the caches' memory in use
+	CacheSize   int64  // the caches' bound
+	CacheHits   uint64 // reads of stored blocks the cache served, since the ledger opened
 	CacheMisses uint64 // reads that went to disk
 }
 

@@ -190,3 +190,42 @@ func TestImportSettle(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheSizeBoundsReplays: the answers kept for replays take a quarter
+// of CacheSize, which the storage report counts in the cache's bytes.
+func TestCacheSizeBoundsReplays(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		cacheSize int64
+		kept      bool
+	}{{4 << 20, true}, {1 << 20, false}} { // an answer of 512 KiB: within a quarter of 4 MiB, not of 1 MiB
+		l, err := Open(filepath.Join(t.TempDir(), "ledger.db"), Options{CacheSize: c.cacheSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k"), Fingerprint: []byte("f"), FingerprintVersion: 1,
+			Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute}}
+		r, err := l.Reserve(ctx, p.WithNewIDs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := make([]byte, 512<<10)
+		if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: body, Size: int64(len(body)), Stored: true}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := l.Reserve(ctx, p.WithNewIDs()); err != nil || got.Outcome != ledger.Done {
+			t.Fatalf("replay: %v %v", got.Outcome, err)
+		}
+		st, err := l.Storage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kept := l.replays.Len() == 1; kept != c.kept || (kept && st.CacheBytes < int64(len(body))) {
+			t.Errorf("cache size %d: the answer kept for replays: %v (cache bytes %d), want %v", c.cacheSize, kept, st.CacheBytes, c.kept)
+		}
+		if st.CacheSize != c.cacheSize {
+			t.Errorf("the report's cache size %d, want %d", st.CacheSize, c.cacheSize)
+		}
+		l.Close()
+	}
+}

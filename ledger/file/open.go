@@ -28,8 +28,10 @@ type Options struct {
 	Timeout time.Duration
 	// Now is the ledger's clock; default time.Now.
 	Now func() time.Time
-	// CacheSize is the memory that Pebble's block cache may take, in
-	// bytes: the jobs read lately. Default 64 MiB.
+	// CacheSize is the memory the ledger's caches may take, in bytes: a
+	// quarter for the answers replayed lately, decoded and ready to send
+	// again, the rest for Pebble's block cache (the stored jobs read
+	// lately). Default 64 MiB.
 	CacheSize int64
 }
 
@@ -38,7 +40,7 @@ const DefaultCacheSize = 64 << 20
 
 // memTableSize is the size of one of Pebble's memtables: the writes not yet
 // in a table on disk. Pebble holds at most two before it stalls writes.
-const memTableSize = 16 << 20
+const memTableSize = 8 << 20
 
 // format is the version of the ledger's layout, stored under formatKey: a
 // later release's layout is refused, not misread.
@@ -92,7 +94,7 @@ func Open(path string, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
-	l := &Ledger{dir: path, db: db, cacheSize: opts.CacheSize, lock: lock, now: opts.Now, replays: near.New(10000, 64<<20)}
+	l := &Ledger{dir: path, db: db, cacheSize: opts.CacheSize, lock: lock, now: opts.Now, replays: near.New(10000, int(opts.CacheSize/4))}
 	l.Applier = fsm.Applier{Update: l.update}
 	return l, nil
 }
@@ -105,7 +107,7 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cache := pebble.NewCache(opts.CacheSize)
+	cache := pebble.NewCache(opts.CacheSize - opts.CacheSize/4) // the rest is the replays' (Open)
 	defer cache.Unref() // the database holds its own reference
 	o := &pebble.Options{
 		Cache:              cache,
@@ -243,7 +245,7 @@ func (l *Ledger) Storage() (ledger.Storage, error) {
 	m := l.db.Metrics()
 	return ledger.Storage{
 		DiskBytes:   int64(m.DiskSpaceUsage()),
-		CacheBytes:  m.BlockCache.Size,
+		CacheBytes:  m.BlockCache.Size + int64(l.replays.Bytes()),
 		CacheSize:   l.cacheSize,
 		CacheHits:   uint64(m.BlockCache.Hits),
 		CacheMisses: uint64(m.BlockCache.Misses),

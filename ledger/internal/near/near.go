@@ -185,6 +185,13 @@ func (n *Cache) Len() int {
 	return len(n.entries)
 }
 
+// Bytes returns about how much memory the jobs held take.
+func (n *Cache) Bytes() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.bytes
+}
+
 // Answer is the reservation of p answered by j, a completed job for p's
 // owner and key that has not expired: its answer, or a mismatch when p is
 // another request. ok is false when p repeats the call that started one of
