@@ -108,7 +108,7 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 		return nil, nil, err
 	}
 	cache := pebble.NewCache(opts.CacheSize - opts.CacheSize/4) // the rest is the replays' (Open)
-	defer cache.Unref() // the database holds its own reference
+	defer cache.Unref()                                         // the database holds its own reference
 	o := &pebble.Options{
 		Cache:              cache,
 		Lock:               lock,
