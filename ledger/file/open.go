@@ -107,8 +107,9 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cache := pebble.NewCache(opts.CacheSize - opts.CacheSize/4) // the rest is the replays' (Open)
-	defer cache.Unref()                                         // the database holds its own reference
+	// A quarter of the cache size is the replays' (Open).
+	cache := pebble.NewCache(opts.CacheSize - opts.CacheSize/4)
+	defer cache.Unref() // the database holds its own reference
 	o := &pebble.Options{
 		Cache:              cache,
 		Lock:               lock,
