@@ -1,11 +1,14 @@
 package file
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -15,7 +18,6 @@ import (
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/file/wal"
 	"github.com/onejob/onejob/ledger/internal/record"
-	"github.com/onejob/onejob/ledger/memory"
 )
 
 // The releases before the log kept the ledger in one bbolt file at the
@@ -118,11 +120,7 @@ func migrateLog(path string, opts Options) error {
 		return err
 	}
 	defer lock.Close()
-	m := memory.New(memory.WithClock(opts.Now))
-	if err := readLog(path, m); err != nil {
-		return err
-	}
-	recs, err := m.Checkpoint(func() error { return nil })
+	jobs, err := readLog(path, opts.Now())
 	if err != nil {
 		return err
 	}
@@ -137,15 +135,6 @@ func migrateLog(path string, opts Options) error {
 		return err
 	}
 	defer dbLock.Close()
-	jobs := make([]*ledger.Job, 0, len(recs))
-	for _, rec := range recs {
-		j, err := record.Decode(rec)
-		if err != nil {
-			db.Close()
-			return err
-		}
-		jobs = append(jobs, j)
-	}
 	if err := importJobs(db, jobs); err != nil {
 		db.Close()
 		return err
@@ -228,12 +217,14 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// readLog loads the jobs of a log directory into m: the last snapshot,
-// then the segments written since, in order.
-func readLog(dir string, m *memory.Ledger) error {
+// readLog reads the jobs of a log directory: the last snapshot, then the
+// segments written since, in order, each job's record in place of the job
+// of the same id or the same key, and a removal taking its job out; the
+// jobs whose retention ended by now are left out.
+func readLog(dir string, now time.Time) ([]*ledger.Job, error) {
 	logs, snaps, err := wal.Files(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var names []string
 	next := uint64(firstSegment)
@@ -246,27 +237,45 @@ func readLog(dir string, m *memory.Ledger) error {
 			names = append(names, wal.Name("log", seq))
 		}
 	}
+	byID := map[string]*ledger.Job{}
+	byKey := map[string]string{} // identity key → id
+	drop := func(id string) {
+		if j := byID[id]; j != nil {
+			delete(byKey, string(identityKey(j.OwnerHash, j.KeyHash)))
+			delete(byID, id)
+		}
+	}
 	for _, name := range names {
 		f, err := os.Open(filepath.Join(dir, name))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		_, err = wal.Read(f, func(kind byte, payload []byte) error {
 			switch kind {
 			case kindPut:
-				return m.Load(payload)
+				j, err := record.Decode(bytes.Clone(payload)) // a job may share its record
+				if err != nil {
+					return err
+				}
+				key := string(identityKey(j.OwnerHash, j.KeyHash))
+				drop(j.ID)
+				drop(byKey[key])
+				if !j.Expired(now) {
+					byID[j.ID], byKey[key] = j, j.ID
+				}
+				return nil
 			case kindDelete:
-				m.Unload(string(payload))
+				drop(string(payload))
 				return nil
 			}
 			return fmt.Errorf("record of unknown kind %d", kind)
 		})
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
-	return nil
+	return slices.Collect(maps.Values(byID)), nil
 }
 
 // flockDir takes the lock the previous release held on its directory,

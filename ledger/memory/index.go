@@ -61,11 +61,10 @@ func (l *Ledger) unindex(e *entry) {
 }
 
 // removeDue removes the entries whose expiry has come, at most limit of
-// them, and returns how many it removed and the journal's number of the
-// last removal. A popped expiry that is not its place's entry's (the
+// them, and returns how many it removed. A popped expiry that is not its place's entry's (the
 // expiry changed since, or the entry was removed, its place perhaps taken
 // by another since) is dropped. l.mu must be held.
-func (l *Ledger) removeDue(now int64, limit int) (removed int, change uint64) {
+func (l *Ledger) removeDue(now int64, limit int) (removed int) {
 	h := &l.index.expiry
 	for h.Len() > 0 && (*h)[0].at <= now && removed < limit {
 		x := heap.Pop(h).(expiring)
@@ -73,11 +72,11 @@ func (l *Ledger) removeDue(now int64, limit int) (removed int, change uint64) {
 			continue // a place the slab gave up (shrink)
 		}
 		if e := l.slab.at(x.place); e.expiresAt == x.at {
-			change = max(change, l.remove(e))
+			l.remove(e)
 			removed++
 		}
 	}
-	return removed, change
+	return removed
 }
 
 // shrink moves the entries past the whole chunks that the entries held

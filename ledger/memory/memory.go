@@ -1,7 +1,5 @@
 // Package memory is a Ledger held in process memory: for tests and demos.
-// Nothing survives a restart unless a Journal records every change (see
-// WithJournal); the file ledger reads the previous release's log into one
-// (Load, Unload, Checkpoint) to migrate it.
+// Nothing survives a restart.
 package memory
 
 import (
@@ -26,28 +24,12 @@ type Ledger struct {
 
 	now func() time.Time
 
-	journal Journal // nil: none
-
 	mu      sync.Mutex
 	slab    slab
 	byKey   table // by identity: owner hash + key hash
 	byID    table
 	index   index
 	replays *near.Cache // settled jobs replayed lately, decoded, by identity
-}
-
-// Journal records every change of a ledger's jobs, in order, so that the
-// ledger can be rebuilt (Load, Unload); the ledger acknowledges a change,
-// or shows a job to a reader, only once Sync says the job's last change
-// is durable.
-type Journal interface {
-	// Put records a job's new state, as its record; Delete, the job's
-	// removal. Both are called under the ledger's lock, in the order of
-	// the changes, and return the change's number for Sync.
-	Put(rec []byte) uint64
-	Delete(id string) uint64
-	// Sync returns once change n and every change before it are durable.
-	Sync(n uint64) error
 }
 
 // entry is one job. A job that may still change is held as itself; once
@@ -61,7 +43,6 @@ type entry struct {
 	job       *ledger.Job
 	packed    []byte        // the job's record when job is nil
 	changed   chan struct{} // made for the first waiter, closed on the next change
-	change    uint64        // the journal's number of the job's last change
 	place     uint32        // in the slab
 
 	// The job's identity and id, one after the other: in text when they
@@ -96,29 +77,14 @@ func (e *entry) load() (*ledger.Job, error) {
 	return j, nil
 }
 
-// store keeps j as the entry's job, packed when it is settled, and
-// journals it. l.mu must be held.
+// store keeps j as the entry's job, packed when it is settled. l.mu must
+// be held.
 func (l *Ledger) store(e *entry, j *ledger.Job) {
 	var rec []byte
 	if fsm.AtRest(j) {
 		rec = record.Encode(j)
 	}
 	l.hold(e, j, rec)
-	if l.journal != nil {
-		if rec == nil {
-			rec = record.Encode(j)
-		}
-		e.change = l.journal.Put(rec)
-	}
-}
-
-// sync waits until change n of the journal is durable: a caller answers
-// only with what a crash cannot take back.
-func (l *Ledger) sync(n uint64) error {
-	if l.journal == nil || n == 0 {
-		return nil
-	}
-	return l.journal.Sync(n)
 }
 
 // expired is the job's Expired, read without decoding it.
@@ -149,11 +115,6 @@ type Option func(*Ledger)
 // judged. The default is time.Now.
 func WithClock(now func() time.Time) Option {
 	return func(l *Ledger) { l.now = now }
-}
-
-// WithJournal has the ledger journal every change to j (see Journal).
-func WithJournal(j Journal) Option {
-	return func(l *Ledger) { l.journal = j }
 }
 
 // New returns an empty in-memory ledger.
@@ -201,18 +162,8 @@ func (l *Ledger) add(key []byte, id string) *entry {
 }
 
 // Reserve implements ledger.Ledger.
-func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
-	r, change, err := l.reserve(&p)
-	if err == nil {
-		err = l.sync(change)
-	}
-	if err != nil {
-		return ledger.Reservation{}, err
-	}
-	return r, nil
-}
-
-func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, error) {
+func (l *Ledger) Reserve(_ context.Context, params ledger.ReserveParams) (ledger.Reservation, error) {
+	p := &params
 	now := l.now()
 	var buf [160]byte
 	key := appendIdentity(buf[:0], p.OwnerHash, p.KeyHash)
@@ -228,20 +179,20 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 		e = l.add(key, j.ID)
 		l.store(e, j)
 		a := j.Attempts[0]
-		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, e.change, nil
+		return ledger.Reservation{Outcome: ledger.Created, Job: j.Clone(), Attempt: &a, Now: now}, nil
 	}
 	if e.job == nil {
 		// Settled: a replay, answered from the jobs replayed lately when
 		// it is one of them.
 		if j := l.replays.Get(e.key(), now); j != nil {
 			if r, ok := near.Answer(j, p, now); ok {
-				return r, e.change, nil
+				return r, nil
 			}
 		}
 	}
 	j, err := e.load()
 	if err != nil {
-		return ledger.Reservation{}, 0, err
+		return ledger.Reservation{}, err
 	}
 	r, changed := fsm.Reserve(j, *p, now)
 	switch {
@@ -252,23 +203,11 @@ func (l *Ledger) reserve(p *ledger.ReserveParams) (ledger.Reservation, uint64, e
 		// Under the entry's lock: a removal (Forget) cannot come between.
 		l.replays.Put(strings.Clone(e.key()), j, j.ExpiresAt, l.replays.Gen())
 	}
-	return r, e.change, nil
+	return r, nil
 }
 
-// remove deletes the entry, journals it and wakes its waiters; it returns
-// the journal's number of the removal. l.mu must be held.
-func (l *Ledger) remove(e *entry) uint64 {
-	var change uint64
-	if l.journal != nil {
-		change = l.journal.Delete(e.id())
-	}
-	l.drop(e)
-	return change
-}
-
-// drop forgets the entry, without journaling it, and wakes its waiters.
-// l.mu must be held.
-func (l *Ledger) drop(e *entry) {
+// remove forgets the entry and wakes its waiters. l.mu must be held.
+func (l *Ledger) remove(e *entry) {
 	l.byKey.remove(e)
 	l.byID.remove(e)
 	l.unindex(e)
@@ -280,17 +219,6 @@ func (l *Ledger) drop(e *entry) {
 // update runs fn on the job under the lock, stores what fn left and wakes
 // waiters.
 func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) error) error {
-	outcome, change, err := l.apply(jobID, fn)
-	if err == nil {
-		err = l.sync(change)
-	}
-	if err != nil {
-		return err
-	}
-	return outcome
-}
-
-func (l *Ledger) apply(jobID string, fn func(j *ledger.Job, now time.Time) error) (outcome error, change uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	// Read under the lock: transitions happen in the clock's order, so a
@@ -299,19 +227,19 @@ func (l *Ledger) apply(jobID string, fn func(j *ledger.Job, now time.Time) error
 	now := l.now()
 	e := l.byID.get(&l.slab, jobID)
 	if e == nil || e.expired(now) {
-		return ledger.ErrNotFound, 0, nil
+		return ledger.ErrNotFound
 	}
 	if e.job == nil {
 		l.replays.Forget(e.key()) // the copy replays read would be older
 	}
 	j, err := e.load()
 	if err != nil {
-		return nil, 0, err
+		return err
 	}
-	outcome = fn(j, now)
+	outcome := fn(j, now)
 	l.store(e, j)
 	e.notify()
-	return outcome, e.change, nil
+	return outcome
 }
 
 // current returns the entry's job with leases applied (waking its
@@ -332,29 +260,18 @@ func (l *Ledger) current(e *entry, now time.Time) (*ledger.Job, error) {
 // get returns a snapshot of the job with leases applied, and the channel
 // that is closed on its next change.
 func (l *Ledger) get(jobID string) (*ledger.Job, <-chan struct{}, error) {
-	j, changed, change, err := l.read(jobID)
-	if err == nil {
-		err = l.sync(change)
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	return j, changed, nil
-}
-
-func (l *Ledger) read(jobID string) (*ledger.Job, <-chan struct{}, uint64, error) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.byID.get(&l.slab, jobID)
 	if e == nil || e.expired(now) {
-		return nil, nil, 0, ledger.ErrNotFound
+		return nil, nil, ledger.ErrNotFound
 	}
 	j, err := l.current(e, now)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, err
 	}
-	return snapshot(e, j), e.wait(), e.change, nil
+	return snapshot(e, j), e.wait(), nil
 }
 
 // snapshot returns j, the job of e, as a copy the caller may keep: a job
@@ -389,11 +306,7 @@ func (l *Ledger) Find(_ context.Context, ownerHash, keyHash []byte) (*ledger.Job
 	if err == nil {
 		j = snapshot(e, j)
 	}
-	change := e.change
 	l.mu.Unlock()
-	if err == nil {
-		err = l.sync(change)
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -419,10 +332,7 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 	l.mu.Unlock()
 	slices.SortFunc(candidates, func(a, b string) int { return strings.Compare(b, a) })
 
-	var (
-		page   ledger.JobPage
-		change uint64 // the last change of the jobs listed
-	)
+	var page ledger.JobPage
 	l.mu.Lock()
 	for _, id := range candidates {
 		e := l.byID.get(&l.slab, id)
@@ -442,12 +352,8 @@ func (l *Ledger) Jobs(_ context.Context, q ledger.JobQuery) (ledger.JobPage, err
 			break
 		}
 		page.Jobs = append(page.Jobs, snapshot(e, j))
-		change = max(change, e.change)
 	}
 	l.mu.Unlock()
-	if err := l.sync(change); err != nil {
-		return ledger.JobPage{}, err
-	}
 	return page, nil
 }
 
@@ -462,13 +368,10 @@ func (l *Ledger) Wait(ctx context.Context, jobID string) (*ledger.Job, error) {
 // Sweep implements ledger.Ledger: it reads the jobs whose expiry came and
 // the jobs not settled (see index), not every job.
 func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) {
-	var (
-		st     ledger.SweepStats
-		change uint64 // the last change journaled
-	)
+	var st ledger.SweepStats
 	now := l.now()
 	l.mu.Lock()
-	st.Removed, change = l.removeDue(now.UnixNano(), limit)
+	st.Removed = l.removeDue(now.UnixNano(), limit)
 	if l.slab.sparse() {
 		l.shrink()
 	}
@@ -480,11 +383,10 @@ func (l *Ledger) Sweep(_ context.Context, limit int) (ledger.SweepStats, error) 
 			st.Unknown += n
 			l.store(e, e.job)
 			e.notify()
-			change = max(change, e.change)
 		}
 	}
 	l.mu.Unlock()
-	return st, l.sync(change)
+	return st, nil
 }
 
 // Close implements ledger.Ledger.

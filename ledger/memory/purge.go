@@ -9,10 +9,7 @@ import (
 
 // Purge implements ledger.Purger.
 func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, error) {
-	var (
-		st     ledger.PurgeStats
-		change uint64 // the last change journaled
-	)
+	var st ledger.PurgeStats
 	now := l.now()
 	l.mu.Lock()
 	prefix := identity(ownerHash, nil) // the owner's part of every key
@@ -25,16 +22,15 @@ func (l *Ledger) Purge(_ context.Context, ownerHash []byte) (ledger.PurgeStats, 
 			l.mu.Unlock()
 			return st, err
 		}
-		change = max(change, e.change)
 		if ledger.Purgeable(j, now) {
-			change = max(change, l.remove(e))
+			l.remove(e)
 			st.Removed++
 		} else {
 			st.Kept++
 		}
 	}
 	l.mu.Unlock()
-	return st, l.sync(change)
+	return st, nil
 }
 
 var _ ledger.Purger = (*Ledger)(nil)
