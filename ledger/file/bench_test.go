@@ -49,15 +49,17 @@ func BenchmarkFresh(b *testing.B) {
 	})
 }
 
-// BenchmarkReplay measures the ledger's part of a replay: a reservation
-// of a stored job's key picked at random, from 32 goroutines at once,
-// with 100k and 1M completed jobs stored, each with an answer of 2 KB
+// BenchmarkStored measures the ledger's part of a replay (a reservation
+// of a stored job's key picked at random) and of a fresh request (a
+// reservation of a new key and its completion), from 32 goroutines at
+// once (replays first, then fresh keys, which add their jobs), with
+// 100k and 1M completed jobs stored, each with an answer of 2 KB
 // (the sweep's size, of text that does not compress), imported and
 // settled as the sweep does. Past the 10,000 jobs kept for replays, most
 // reservations read the store.
 //
-//	go test -run '^$' -bench Replay -benchtime 3s ./ledger/file
-func BenchmarkReplay(b *testing.B) {
+//	go test -run '^$' -bench Stored -benchtime 3s ./ledger/file
+func BenchmarkStored(b *testing.B) {
 	l, err := Open(filepath.Join(b.TempDir(), "ledger.db"), Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -105,7 +107,7 @@ func BenchmarkReplay(b *testing.B) {
 		if err := l.Settle(ctx); err != nil { // as the sweep does
 			b.Fatal(err)
 		}
-		b.Run("jobs="+strconv.Itoa(size), func(b *testing.B) {
+		b.Run("replay/jobs="+strconv.Itoa(size), func(b *testing.B) {
 			b.SetParallelism(16)
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -114,6 +116,22 @@ func BenchmarkReplay(b *testing.B) {
 					r, err := l.Reserve(ctx, q)
 					if err != nil || r.Outcome != ledger.Done {
 						b.Fatal(r.Outcome, err)
+					}
+				}
+			})
+		})
+		b.Run("fresh/jobs="+strconv.Itoa(size), func(b *testing.B) {
+			b.SetParallelism(16)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					q := p.WithNewIDs()
+					q.KeyHash = []byte("fresh-" + q.JobID)
+					r, err := l.Reserve(ctx, q)
+					if err != nil || r.Outcome != ledger.Created {
+						b.Fatal(r.Outcome, err)
+					}
+					if _, err := l.Complete(ctx, r.Attempt.Ref(), answer); err != nil {
+						b.Fatal(err)
 					}
 				}
 			})
