@@ -14,20 +14,26 @@ import (
 	"github.com/onejob/onejob/ledger"
 )
 
+// benchLedger opens a new ledger for a benchmark, closed at its end, and
+// returns it with the reservation the benchmarks make (without a key).
+func benchLedger(b *testing.B) (*Ledger, ledger.ReserveParams) {
+	l, err := Open(filepath.Join(b.TempDir(), "ledger.db"), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return l, ledger.ReserveParams{OwnerHash: make([]byte, 32), Fingerprint: make([]byte, 32), FingerprintVersion: 1,
+		Retention: 24 * time.Hour, Attempt: ledger.NextAttempt{Provider: "default", Lease: time.Minute}}
+}
+
 // BenchmarkFresh measures the file ledger's part of a fresh request: a
 // reservation of a new key, then its completion with a small answer, from
 // 32 goroutines at once (the bench's connections), each durable.
 //
 //	go test -run '^$' -bench Fresh -benchtime 3s ./ledger/file
 func BenchmarkFresh(b *testing.B) {
-	l, err := Open(filepath.Join(b.TempDir(), "ledger.db"), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
+	l, p := benchLedger(b)
 	ctx := context.Background()
-	p := ledger.ReserveParams{OwnerHash: make([]byte, 32), Fingerprint: make([]byte, 32), FingerprintVersion: 1,
-		Retention: 24 * time.Hour, Attempt: ledger.NextAttempt{Provider: "default", Lease: time.Minute}}
 	answer := ledger.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}},
 		Body: []byte(`{"id":"ch_123","status":"succeeded","amount":4200,"currency":"eur"}`), Stored: true}
 	answer.Size = int64(len(answer.Body))
@@ -60,44 +66,23 @@ func BenchmarkFresh(b *testing.B) {
 //
 //	go test -run '^$' -bench Stored -benchtime 3s ./ledger/file
 func BenchmarkStored(b *testing.B) {
-	l, err := Open(filepath.Join(b.TempDir(), "ledger.db"), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
+	l, p := benchLedger(b)
 	ctx := context.Background()
-	p := ledger.ReserveParams{OwnerHash: make([]byte, 32), Fingerprint: make([]byte, 32), FingerprintVersion: 1,
-		Retention: 24 * time.Hour, Attempt: ledger.NextAttempt{Provider: "default", Lease: time.Minute}}
 	body := make([]byte, 1536)
 	rand.Read(body)
 	answer := ledger.Response{Status: 200, Header: map[string][]string{"Content-Type": {"text/plain"}},
 		Body: []byte(base64.StdEncoding.EncodeToString(body)), Stored: true}
 	answer.Size = int64(len(answer.Body))
 	key := func(i int) []byte { return []byte("key-" + strconv.Itoa(i)) }
-	q := p.WithNewIDs()
-	q.KeyHash = key(0)
-	r, err := l.Reserve(ctx, q)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := l.Complete(ctx, r.Attempt.Ref(), answer); err != nil {
-		b.Fatal(err)
-	}
-	model, err := l.Job(ctx, r.Job.ID)
-	if err != nil {
-		b.Fatal(err)
-	}
-	model.ReadAt = time.Time{}
+	first := p
+	first.KeyHash = key(0)
+	model := completedModel(b, l, first, answer)
 	stored := 1
 	for _, size := range []int{100_000, 1_000_000} {
 		for ; stored < size; stored += 10_000 {
 			var jobs []*ledger.Job
 			for i := stored; i < min(stored+10_000, size); i++ {
-				j := model.Clone()
-				j.ID, j.KeyHash = ledger.NewID(), key(i)
-				j.Attempts[0].ID, j.Attempts[0].JobID = ledger.NewID(), j.ID
-				j.CompletedBy = j.Attempts[0].ID
-				jobs = append(jobs, j)
+				jobs = append(jobs, copyJob(model, key(i)))
 			}
 			if err := l.Import(jobs); err != nil {
 				b.Fatal(err)

@@ -139,6 +139,36 @@ func TestNotALedgerDirectory(t *testing.T) {
 	}
 }
 
+// completedModel reserves p's key in l (p has one), completes the job with
+// answer, and returns it as read back: a model for copyJob.
+func completedModel(tb testing.TB, l *Ledger, p ledger.ReserveParams, answer ledger.Response) *ledger.Job {
+	tb.Helper()
+	ctx := context.Background()
+	r, err := l.Reserve(ctx, p.WithNewIDs())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := l.Complete(ctx, r.Attempt.Ref(), answer); err != nil {
+		tb.Fatal(err)
+	}
+	model, err := l.Job(ctx, r.Job.ID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	model.ReadAt = time.Time{}
+	return model
+}
+
+// copyJob returns model with ids of its own and the key keyHash, a job to
+// Import.
+func copyJob(model *ledger.Job, keyHash []byte) *ledger.Job {
+	j := model.Clone()
+	j.ID, j.KeyHash = ledger.NewID(), keyHash
+	j.Attempts[0].ID, j.Attempts[0].JobID = ledger.NewID(), j.ID
+	j.CompletedBy = j.Attempts[0].ID
+	return j
+}
+
 // TestImportSettle: jobs imported whole are read as the ledger's own, and
 // stay so once the store is settled (rewritten into its last level).
 func TestImportSettle(t *testing.T) {
@@ -150,25 +180,11 @@ func TestImportSettle(t *testing.T) {
 	defer l.Close()
 	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k0"), Fingerprint: []byte("f"), FingerprintVersion: 1,
 		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}
-	r, err := l.Reserve(ctx, p.WithNewIDs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.Complete(ctx, r.Attempt.Ref(), ledger.Response{Status: 200, Body: []byte("kept"), Size: 4, Stored: true}); err != nil {
-		t.Fatal(err)
-	}
-	model, err := l.Job(ctx, r.Job.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	model.ReadAt = time.Time{}
-	ids := map[string]string{"k0": r.Job.ID}
+	model := completedModel(t, l, p, ledger.Response{Status: 200, Body: []byte("kept"), Size: 4, Stored: true})
+	ids := map[string]string{"k0": model.ID}
 	var jobs []*ledger.Job
 	for i := 1; i <= 2500; i++ {
-		j := model.Clone()
-		j.ID, j.KeyHash = ledger.NewID(), []byte("k"+strconv.Itoa(i))
-		j.Attempts[0].ID, j.Attempts[0].JobID = ledger.NewID(), j.ID
-		j.CompletedBy = j.Attempts[0].ID
+		j := copyJob(model, []byte("k"+strconv.Itoa(i)))
 		ids[string(j.KeyHash)] = j.ID
 		jobs = append(jobs, j)
 	}

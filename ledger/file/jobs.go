@@ -58,6 +58,19 @@ func (l *Ledger) identity(jobID string) ([]byte, error) {
 	return bytes.Clone(v), nil
 }
 
+// lockJob takes the lock of the key of job jobID (a job's key never
+// changes), as every transition of the job does, and returns the key and
+// the lock's unlock; a nil key when there is no such job, nothing locked.
+func (l *Ledger) lockJob(jobID string) (identity []byte, unlock func(), err error) {
+	identity, err = l.identity(jobID)
+	if err != nil || identity == nil {
+		return nil, nil, err
+	}
+	lock := l.locks.of(string(identity))
+	lock.Lock()
+	return identity, lock.Unlock, nil
+}
+
 // read reads the job of an owner's key (identity) and its record: nil
 // when there is none, or when jobID is not "" and the key's job is
 // another.
@@ -179,16 +192,14 @@ func (l *Ledger) update(jobID string, fn func(j *ledger.Job, now time.Time) erro
 		return err
 	}
 	defer done()
-	identity, err := l.identity(jobID) // a job's key never changes
+	identity, unlock, err := l.lockJob(jobID)
 	if err != nil {
 		return err
 	}
 	if identity == nil {
 		return ledger.ErrNotFound
 	}
-	lock := l.locks.of(string(identity))
-	lock.Lock()
-	defer lock.Unlock()
+	defer unlock()
 	// Read under the lock: transitions happen in the clock's order, so a
 	// repeat's time (Completion.Job.ReadAt) is never before the state it
 	// returns.

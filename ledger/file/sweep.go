@@ -21,13 +21,11 @@ import (
 // it. It reports whether it removed the job; a job gone already is
 // neither removed nor kept.
 func (l *Ledger) removeIf(jobID string, now time.Time, keep func(j *ledger.Job) bool) (removed, kept bool, err error) {
-	identity, err := l.identity(jobID)
+	identity, unlock, err := l.lockJob(jobID)
 	if err != nil || identity == nil {
 		return false, false, err
 	}
-	lock := l.locks.of(string(identity))
-	lock.Lock()
-	defer lock.Unlock()
+	defer unlock()
 	j, _, err := l.read(identity, jobID)
 	if err != nil || j == nil {
 		return false, false, err

@@ -162,8 +162,7 @@ func (l *Ledger) add(key []byte, id string) *entry {
 }
 
 // Reserve implements ledger.Ledger.
-func (l *Ledger) Reserve(_ context.Context, params ledger.ReserveParams) (ledger.Reservation, error) {
-	p := &params
+func (l *Ledger) Reserve(_ context.Context, p ledger.ReserveParams) (ledger.Reservation, error) {
 	now := l.now()
 	var buf [160]byte
 	key := appendIdentity(buf[:0], p.OwnerHash, p.KeyHash)
@@ -175,7 +174,7 @@ func (l *Ledger) Reserve(_ context.Context, params ledger.ReserveParams) (ledger
 		e = nil
 	}
 	if e == nil {
-		j := fsm.NewJob(*p, now)
+		j := fsm.NewJob(p, now)
 		e = l.add(key, j.ID)
 		l.store(e, j)
 		a := j.Attempts[0]
@@ -185,7 +184,7 @@ func (l *Ledger) Reserve(_ context.Context, params ledger.ReserveParams) (ledger
 		// Settled: a replay, answered from the jobs replayed lately when
 		// it is one of them.
 		if j := l.replays.Get(e.key(), now); j != nil {
-			if r, ok := near.Answer(j, p, now); ok {
+			if r, ok := near.Answer(j, &p, now); ok {
 				return r, nil
 			}
 		}
@@ -194,7 +193,7 @@ func (l *Ledger) Reserve(_ context.Context, params ledger.ReserveParams) (ledger
 	if err != nil {
 		return ledger.Reservation{}, err
 	}
-	r, changed := fsm.Reserve(j, *p, now)
+	r, changed := fsm.Reserve(j, p, now)
 	switch {
 	case changed:
 		l.store(e, j)
