@@ -41,9 +41,10 @@ type config struct {
 	only             *regexp.Regexp
 	waiters          int
 	soak             time.Duration
-	sweep            []int // the sweep's numbers of stored jobs; none to skip it
-	sweepAnswer      int   // bytes of each stored job's answer; 0: the gateway's own
-	pin              bool  // the load generators and the server under test each on a core of its own
+	sweep            []int  // the sweep's numbers of stored jobs; none to skip it
+	sweepAnswer      int    // bytes of each stored job's answer; 0: the gateway's own
+	sweepDir         string // where the sweep's file ledger is kept between runs; "" for the scratch directory
+	pin              bool   // the load generators and the server under test each on a core of its own
 }
 
 // transport is the same upstream transport in every Caddyfile: Caddy's
@@ -73,6 +74,7 @@ func main() {
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
 	sweep := flag.String("sweep", "10000,100000,1000000", "numbers of jobs stored beforehand, at which the sweep measures the file ledger and PostgreSQL (\"\": skip)")
 	flag.IntVar(&cfg.sweepAnswer, "sweep-answer", 0, "bytes of the answer of each job the sweep stores beforehand: the gateway's, then random text (0: the answer as the gateway stored it)")
+	flag.StringVar(&cfg.sweepDir, "sweep-dir", "", "keep the sweep's file ledger in this directory after the run, and grow the one a run left there rather than store its jobs again (\"\": a scratch directory)")
 	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
 	if cfg.gateway == "" || cfg.plain == "" {

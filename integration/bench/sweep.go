@@ -3,13 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
+	"math/rand/v2"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -262,7 +264,8 @@ func learn(cfg config, up *upstream) (stored, error) {
 
 // padAnswer returns a, its body grown to size bytes by a line of random
 // text after the JSON: an answer of the size asked for that compresses no
-// better than a model's. Its Content-Length, when it has one, says the
+// better than a model's, the same at every run (a ledger kept with
+// -sweep-dir holds it). Its Content-Length, when it has one, says the
 // new size. A body already as large is kept.
 func padAnswer(a ledger.Response, size int) ledger.Response {
 	pad := size - len(a.Body)
@@ -270,7 +273,8 @@ func padAnswer(a ledger.Response, size int) ledger.Response {
 		return a
 	}
 	noise := make([]byte, base64.StdEncoding.DecodedLen(pad)+3)
-	rand.Read(noise)
+	rng := rand.NewChaCha8([32]byte{})
+	rng.Read(noise)
 	text := append([]byte("\n"), base64.StdEncoding.EncodeToString(noise)...)
 	a.Body = append(bytes.Clone(a.Body), text[:pad]...)
 	a.Size = int64(len(a.Body))
@@ -333,10 +337,16 @@ func runSweep(cfg config, up *upstream) ([]sweepPoint, error) {
 func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, error) {
 	ctx := context.Background()
 	dir := filepath.Join(cfg.work, "sweep-file")
+	if cfg.sweepDir != "" {
+		dir = cfg.sweepDir
+	}
 	path := filepath.Join(dir, "ledger.db")
 	site := "\tidempotency {\n\t\tledger file " + path + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
 	var points []sweepPoint
-	jobs, keys := 0, 0
+	jobs, keys, err := keptSweep(dir)
+	if err != nil {
+		return nil, err
+	}
 	for _, size := range cfg.sweep {
 		p := sweepPoint{ledger: "file", size: size, added: max(size-jobs, 0)}
 		log.Printf("sweep: storing %d jobs in the file ledger (%d there)", p.added, jobs)
@@ -360,6 +370,9 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		}
 		keys += p.added
 		p.jobs = jobs + p.added
+		if err := keepSweep(dir, p.jobs, keys); err != nil {
+			return points, err
+		}
 		began = time.Now()
 		if l, err = file.Open(path, file.Options{}); err != nil {
 			return points, err
@@ -378,8 +391,34 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		}
 		points = append(points, p)
 		jobs = p.after
+		if err := keepSweep(dir, jobs, keys); err != nil {
+			return points, err
+		}
 	}
 	return points, nil
+}
+
+// keptSweep reads how many jobs, and how many of them stored directly
+// (storedKey 1 to keys), the file ledger in dir holds, as keepSweep wrote
+// them: none when dir holds no ledger.
+func keptSweep(dir string) (jobs, keys int, err error) {
+	b, err := os.ReadFile(filepath.Join(dir, "sweep-jobs"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	if _, err := fmt.Sscanf(string(b), "%d %d", &jobs, &keys); err != nil {
+		return 0, 0, fmt.Errorf("%s: %w", filepath.Join(dir, "sweep-jobs"), err)
+	}
+	return jobs, keys, nil
+}
+
+// keepSweep records beside the sweep's ledger what it holds, for the next
+// run with -sweep-dir.
+func keepSweep(dir string, jobs, keys int) error {
+	return os.WriteFile(filepath.Join(dir, "sweep-jobs"), fmt.Appendf(nil, "%d %d\n", jobs, keys), 0o644)
 }
 
 // sweepSchema is the PostgreSQL schema of the sweep's ledger, dropped
