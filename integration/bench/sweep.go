@@ -356,7 +356,7 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		}
 		began := time.Now()
 		err = preloadImport(ctx, l, l, s, keys+1, keys+p.added)
-		if err == nil {
+		if err == nil && p.added > 0 {
 			// As a ledger that grew over days: the import outran the
 			// background compactions (as PostgreSQL's sweep runs VACUUM).
 			err = l.Settle(ctx)
