@@ -297,6 +297,7 @@ type sweepPoint struct {
 	open     time.Duration // file.Open of the ledger, once loaded (the file ledger); 0: not measured
 	start    time.Duration // from starting the gateway to its answer to a replay of a stored job
 	sweepLag float64       // seconds since the gateway's sweeper completed a pass, after the runs
+	memory   sweepMemory   // the gateway's, after the runs
 	rows     []result      // the replay series, then the fresh one
 }
 
@@ -603,10 +604,34 @@ func sweepAt(cfg config, up *upstream, site string, keys int, p *sweepPoint, run
 		p.rows = append(p.rows, r)
 	}
 	p.sweepLag = metric(srv.admin, "caddy_idempotency_ledger_sweep_lag_seconds")
+	p.memory = memoryOf(srv)
 	// Every fresh request reached the upstream once and made one job; no
 	// replay did (measureOn checks).
 	p.after = p.jobs + int(up.hits.Load()-hits)
 	return nil
+}
+
+// sweepMemory is where a gateway's resident memory is: the peak and now
+// (VmHWM, VmRSS), now in anonymous pages (the Go heap, the ledger's cache
+// and memtables, which Pebble allocates outside the Go heap) and in pages
+// of files (the binary's code and data), the Go heap in use and all the Go
+// runtime holds of the system, and the ledger's caches in use (its
+// Storage).
+type sweepMemory struct {
+	peak, rss, anon, file, heap, goSys, cache int64
+}
+
+func memoryOf(srv *server) sweepMemory {
+	pid := srv.cmd.Process.Pid
+	return sweepMemory{
+		peak:  srv.peakRSS(),
+		rss:   srv.rss(),
+		anon:  procStatus(pid, "RssAnon:"),
+		file:  procStatus(pid, "RssFile:"),
+		heap:  int64(metric(srv.admin, "go_memstats_heap_inuse_bytes")),
+		goSys: int64(metric(srv.admin, "go_memstats_sys_bytes")),
+		cache: int64(metric(srv.admin, "caddy_idempotency_ledger_cache_bytes")),
+	}
 }
 
 // sweepRows returns the series of the sweep's points, for the table.
@@ -645,5 +670,16 @@ func printSweep(w io.Writer, points []sweepPoint) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "jobs: in the ledger when the gateway started, after: when it stopped; stored: directly, in load-s; open-ms: file.Open of the loaded ledger; start-ms: from starting the gateway to its answer to a replay; sweep-s: since the sweeper's last pass, after the runs\n")
+	fmt.Fprintf(w, "\nthe gateway's memory after the sweep's runs (MiB)\n%-9s %8s %8s %8s %8s %8s %8s %8s %8s\n",
+		"ledger", "jobs", "peak", "rss", "anon", "file", "go-heap", "go-sys", "cache")
+	for _, p := range points {
+		m := p.memory
+		fmt.Fprintf(w, "%-9s %8d", p.ledger, p.jobs)
+		for _, b := range []int64{m.peak, m.rss, m.anon, m.file, m.heap, m.goSys, m.cache} {
+			fmt.Fprintf(w, " %8.1f", float64(b)/(1<<20))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "peak: VmHWM over the gateway's life; rss now: anon (the Go runtime's go-sys, of which go-heap in use, and what Pebble allocates outside Go: its block cache and memtables) and file (the binary); cache: the ledger's caches in use (its storage report)\n")
 	fmt.Fprintf(w, "the memory ledger cannot be filled before its gateway starts: go test -run '^$' -bench Preloaded ./integration/bench measures it in process\n")
 }
