@@ -75,15 +75,10 @@ func (l *Ledger) lockJob(jobID string) (identity []byte, unlock func(), err erro
 // when there is none, or when jobID is not "" and the key's job is
 // another.
 func (l *Ledger) read(identity []byte, jobID string) (*ledger.Job, []byte, error) {
-	v, closer, err := l.db.Get(identity)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, nil, nil
+	rec, err := l.lookup(identity)
+	if rec == nil || err != nil {
+		return nil, nil, err
 	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("file ledger: %w", err)
-	}
-	rec := bytes.Clone(v) // a decoded job may share its record
-	closer.Close()
 	j, err := record.Decode(rec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("file ledger: the job of key %x: %w", identity, err)
@@ -92,6 +87,33 @@ func (l *Ledger) read(identity []byte, jobID string) (*ledger.Job, []byte, error
 		return nil, nil, nil
 	}
 	return j, rec, nil
+}
+
+// lookup returns a copy of the record of an owner's key (identity), nil
+// when there is none. Most keys looked up are fresh ones (a reservation's),
+// which no table holds, and most tables are on the last level: Pebble's
+// Get reads no Bloom filter there, so it would read a table's index and
+// data block to find nothing — at millions of jobs, blocks out of the cache
+// and often out of the page cache. An iterator reads the last level's
+// filters when asked to, and is told so.
+func (l *Ledger) lookup(identity []byte) (rec []byte, err error) {
+	it, err := l.db.NewIter(&pebble.IterOptions{UseL6Filters: true})
+	if err != nil {
+		return nil, fmt.Errorf("file ledger: %w", err)
+	}
+	defer func() {
+		if cerr := it.Close(); err == nil && cerr != nil {
+			rec, err = nil, fmt.Errorf("file ledger: %w", cerr)
+		}
+	}()
+	if !it.SeekPrefixGE(identity) || !bytes.Equal(it.Key(), identity) {
+		return nil, it.Error()
+	}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Clone(v), nil // a decoded job may share its record
 }
 
 // write commits b, durably: its changes are visible only once they are on
