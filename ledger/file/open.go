@@ -1,6 +1,7 @@
 package file
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/onejob/onejob/internal/tick"
 	"github.com/onejob/onejob/ledger"
 	"github.com/onejob/onejob/ledger/file/wal"
 	"github.com/onejob/onejob/ledger/internal/fsm"
@@ -60,6 +62,9 @@ type Ledger struct {
 	waiters notify.Waiters
 	replays *near.Cache // settled jobs replayed lately, decoded, by identity
 
+	stopTrim func()        // ends the trimming of C's allocator (trimEvery)
+	trimmed  chan struct{} // closed when it has ended
+
 	mu     sync.Mutex
 	closed bool
 	users  sync.WaitGroup // calls using the database (open)
@@ -96,8 +101,19 @@ func Open(path string, opts Options) (*Ledger, error) {
 	}
 	l := &Ledger{dir: path, db: db, cacheSize: opts.CacheSize, lock: lock, now: opts.Now, replays: near.New(10000, int(opts.CacheSize/4))}
 	l.Applier = fsm.Applier{Update: l.update}
+	ctx, stop := context.WithCancel(context.Background())
+	l.stopTrim, l.trimmed = stop, make(chan struct{})
+	go func() {
+		defer close(l.trimmed)
+		tick.Every(ctx, trimEvery, trimMalloc)
+	}()
 	return l, nil
 }
+
+// trimEvery is how often the pages C's allocator holds free go back to the
+// system: Pebble's cache, churning under load, frees blocks in the arenas
+// of some threads as others allocate in theirs (malloc_cgo.go).
+const trimEvery = time.Second
 
 // openDB opens the Pebble database in dir, waiting up to opts.Timeout for
 // another holder of its lock, and checks (or, new, writes) its format. The
@@ -119,10 +135,8 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 		Logger:             quiet{},
 	}
 	// A fresh key is looked up before it is reserved, and is nowhere: a
-	// Bloom filter per table answers that without reading the table, on
-	// every level but the last. There, where most jobs are, Pebble's Get
-	// reads no filter (an iterator would, with UseL6Filters), as the last
-	// level's filters would take much of the cache.
+	// Bloom filter per table answers that without reading the table
+	// (lookup reads the last level's too).
 	for i := range o.Levels {
 		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
@@ -232,6 +246,8 @@ func (l *Ledger) Close() error {
 	l.closed = true
 	l.mu.Unlock()
 	l.users.Wait()
+	l.stopTrim()
+	<-l.trimmed
 	err := l.db.Close()
 	if lerr := l.lock.Close(); err == nil {
 		err = lerr
