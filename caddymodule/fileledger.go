@@ -23,7 +23,7 @@ type FileLedger struct {
 	Path string `json:"path,omitempty"`
 
 	// The memory the ledger's caches may take, in bytes: the stored jobs
-	// read lately, and (a quarter) the answers replayed lately. Default
+	// read lately, and (an eighth) the answers replayed lately. Default
 	// 64 MiB. The ledger's memory beyond it does not grow with the number
 	// of jobs stored.
 	CacheSize int64 `json:"cache_size,omitempty"`

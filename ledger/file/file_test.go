@@ -207,14 +207,14 @@ func TestImportSettle(t *testing.T) {
 	}
 }
 
-// TestCacheSizeBoundsReplays: the answers kept for replays take a quarter
+// TestCacheSizeBoundsReplays: the answers kept for replays take an eighth
 // of CacheSize, which the storage report counts in the cache's bytes.
 func TestCacheSizeBoundsReplays(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		cacheSize int64
 		kept      bool
-	}{{4 << 20, true}, {1 << 20, false}} { // an answer of 512 KiB: within a quarter of 4 MiB, not of 1 MiB
+	}{{8 << 20, true}, {2 << 20, false}} { // an answer of 512 KiB: within an eighth of 8 MiB, not of 2 MiB
 		l, err := Open(filepath.Join(t.TempDir(), "ledger.db"), Options{CacheSize: c.cacheSize})
 		if err != nil {
 			t.Fatal(err)

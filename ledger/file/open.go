@@ -30,12 +30,20 @@ type Options struct {
 	Timeout time.Duration
 	// Now is the ledger's clock; default time.Now.
 	Now func() time.Time
-	// CacheSize is the memory the ledger's caches may take, in bytes: a
-	// quarter for the answers replayed lately, decoded and ready to send
-	// again, the rest for Pebble's block cache (the stored jobs read
-	// lately). Default 64 MiB.
+	// CacheSize is the memory the ledger's caches may take, in bytes: an
+	// eighth for the answers replayed lately, decoded and ready to send
+	// again (replayShare), the rest for Pebble's block cache (the stored
+	// jobs read lately). Default 64 MiB.
 	CacheSize int64
 }
+
+// replayShare: the answers replayed lately take 1/replayShare of the
+// cache size. Decoded, in the Go heap, an answer takes about twice its
+// bytes there (the collector's headroom) and half again in the job's
+// other fields, where Pebble's cache holds the same record in its own
+// size: an eighth kept the gateway's memory at 10M jobs within the
+// target that a quarter missed (docs/performance.md).
+const replayShare = 8
 
 // DefaultCacheSize is CacheSize's default.
 const DefaultCacheSize = 64 << 20
@@ -99,7 +107,7 @@ func Open(path string, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
-	l := &Ledger{dir: path, db: db, cacheSize: opts.CacheSize, lock: lock, now: opts.Now, replays: near.New(10000, int(opts.CacheSize/4))}
+	l := &Ledger{dir: path, db: db, cacheSize: opts.CacheSize, lock: lock, now: opts.Now, replays: near.New(10000, int(opts.CacheSize/replayShare))}
 	l.Applier = fsm.Applier{Update: l.update}
 	ctx, stop := context.WithCancel(context.Background())
 	l.stopTrim, l.trimmed = stop, make(chan struct{})
@@ -123,8 +131,7 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	// A quarter of the cache size is the replays' (Open).
-	cache := pebble.NewCache(opts.CacheSize - opts.CacheSize/4)
+	cache := pebble.NewCache(opts.CacheSize - opts.CacheSize/replayShare)
 	defer cache.Unref() // the database holds its own reference
 	o := &pebble.Options{
 		Cache:              cache,
