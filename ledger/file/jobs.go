@@ -96,22 +96,21 @@ func (l *Ledger) read(identity []byte, jobID string) (*ledger.Job, []byte, error
 // data block to find nothing — at millions of jobs, blocks out of the cache
 // and often out of the page cache. An iterator reads the last level's
 // filters when asked to, and is told so.
-func (l *Ledger) lookup(identity []byte) (rec []byte, err error) {
+func (l *Ledger) lookup(identity []byte) ([]byte, error) {
 	it, err := l.db.NewIter(&pebble.IterOptions{UseL6Filters: true})
 	if err != nil {
 		return nil, fmt.Errorf("file ledger: %w", err)
 	}
-	defer func() {
-		if cerr := it.Close(); err == nil && cerr != nil {
-			rec, err = nil, fmt.Errorf("file ledger: %w", cerr)
-		}
-	}()
+	defer it.Close() // what it read is copied, or its error returned, before
 	if !it.SeekPrefixGE(identity) || !bytes.Equal(it.Key(), identity) {
-		return nil, it.Error()
+		if err := it.Error(); err != nil {
+			return nil, fmt.Errorf("file ledger: %w", err)
+		}
+		return nil, nil
 	}
 	v, err := it.ValueAndErr()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("file ledger: %w", err)
 	}
 	return bytes.Clone(v), nil // a decoded job may share its record
 }

@@ -120,7 +120,10 @@ func Open(path string, opts Options) (*Ledger, error) {
 
 // trimEvery is how often the pages C's allocator holds free go back to the
 // system: Pebble's cache, churning under load, frees blocks in the arenas
-// of some threads as others allocate in theirs (malloc_cgo.go).
+// of some threads as others allocate in theirs (malloc_cgo.go). Each
+// ledger trims while it is open, though the allocator is the process's:
+// a trimmer shared by the process's ledgers would outlive the ledger that
+// started it, and with it a test's synctest bubble (sim failed so).
 const trimEvery = time.Second
 
 // openDB opens the Pebble database in dir, waiting up to opts.Timeout for
