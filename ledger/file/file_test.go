@@ -1,6 +1,7 @@
 package file
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -243,5 +244,51 @@ func TestCacheSizeBoundsReplays(t *testing.T) {
 			t.Errorf("the report's cache size %d, want %d", st.CacheSize, c.cacheSize)
 		}
 		l.Close()
+	}
+}
+
+// TestAnswersInBlobFiles: records holding answers of kilobytes are kept in
+// blob files beside the tables, which hold little more than the keys, and
+// read back whole, also after a reopen.
+func TestAnswersInBlobFiles(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { l.Close() }()
+	body := bytes.Repeat([]byte("0123456789abcdef"), 128) // 2 KiB
+	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k0"), Fingerprint: []byte("f"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}
+	model := completedModel(t, l, p, ledger.Response{Status: 200, Body: body, Size: int64(len(body)), Stored: true})
+	const n = 2500
+	var jobs []*ledger.Job
+	for i := 1; i < n; i++ {
+		jobs = append(jobs, copyJob(model, []byte("k"+strconv.Itoa(i))))
+	}
+	if err := l.Import(jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := l.db.Metrics()
+	tables := m.Total().TablesSize
+	if m.BlobFiles.LiveCount == 0 || m.BlobFiles.ReferencedValueSize < n*uint64(len(body)) || tables > n*256 {
+		t.Fatalf("%d blob files holding %d bytes of values, %d bytes of tables: want the %d answers of %d bytes in blob files, the tables a fraction",
+			m.BlobFiles.LiveCount, m.BlobFiles.ReferencedValueSize, tables, n, len(body))
+	}
+	l.Close()
+	if l, err = Open(path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{0, 1, n / 2, n - 1} {
+		q := p.WithNewIDs()
+		q.KeyHash = []byte("k" + strconv.Itoa(i))
+		r, err := l.Reserve(ctx, q)
+		if err != nil || r.Outcome != ledger.Done || !bytes.Equal(r.Job.Response.Body, body) {
+			t.Fatalf("key k%d after a reopen: %v %v, want its job done with its answer", i, r.Outcome, err)
+		}
 	}
 }

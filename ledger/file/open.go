@@ -52,6 +52,10 @@ const DefaultCacheSize = 64 << 20
 // in a table on disk. Pebble holds at most two before it stalls writes.
 const memTableSize = 8 << 20
 
+// separateFrom is the size from which a record is kept in a blob file
+// rather than in its table (openDB).
+const separateFrom = 512
+
 // format is the version of the ledger's layout, stored under formatKey: a
 // later release's layout is refused, not misread.
 const format = "1"
@@ -149,6 +153,16 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 	// (lookup reads the last level's too).
 	for i := range o.Levels {
 		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	// A job's record holds its stored answer, kilobytes where its key is
+	// tens of bytes. Records of separateFrom bytes and more go to blob
+	// files beside the tables, which then hold keys and the values'
+	// places: the tables' index blocks, read by every lookup, stay small
+	// enough for the cache at millions of jobs, and a replay reads one
+	// blob block after them.
+	o.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+		return pebble.ValueSeparationPolicy{Enabled: true, MinimumSize: separateFrom, MaxBlobReferenceDepth: 10,
+			RewriteMinimumAge: 5 * time.Minute, TargetGarbageRatio: 0.2}
 	}
 	db, err := pebble.Open(dir, o)
 	if err != nil {
