@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,11 +250,14 @@ func TestCacheSizeBoundsReplays(t *testing.T) {
 
 // TestAnswersInBlobFiles: records holding answers of kilobytes are kept in
 // blob files beside the tables, which hold little more than the keys, and
-// read back whole, also after a reopen.
+// read back whole, also after a reopen; once their jobs expired and were
+// swept, the blob files go.
 func TestAnswersInBlobFiles(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	l, err := Open(path, Options{})
+	var later atomic.Int64 // how far the ledger's clock is ahead
+	opts := Options{Now: func() time.Time { return time.Now().Add(time.Duration(later.Load())) }}
+	l, err := Open(path, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +284,7 @@ func TestAnswersInBlobFiles(t *testing.T) {
 			m.BlobFiles.LiveCount, m.BlobFiles.ReferencedValueSize, tables, n, len(body))
 	}
 	l.Close()
-	if l, err = Open(path, Options{}); err != nil {
+	if l, err = Open(path, opts); err != nil {
 		t.Fatal(err)
 	}
 	for _, i := range []int{0, 1, n / 2, n - 1} {
@@ -290,5 +294,21 @@ func TestAnswersInBlobFiles(t *testing.T) {
 		if err != nil || r.Outcome != ledger.Done || !bytes.Equal(r.Job.Response.Body, body) {
 			t.Fatalf("key k%d after a reopen: %v %v, want its job done with its answer", i, r.Outcome, err)
 		}
+	}
+	later.Store(int64(2 * time.Hour))
+	for {
+		st, err := l.Sweep(ctx, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Removed == 0 {
+			break
+		}
+	}
+	if err := l.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := l.db.Metrics(); m.BlobFiles.LiveCount != 0 {
+		t.Fatalf("%d blob files of %d bytes left after every job expired and was swept", m.BlobFiles.LiveCount, m.BlobFiles.LiveSize)
 	}
 }
