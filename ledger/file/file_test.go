@@ -312,3 +312,20 @@ func TestAnswersInBlobFiles(t *testing.T) {
 		t.Fatalf("%d blob files of %d bytes left after every job expired and was swept", m.BlobFiles.LiveCount, m.BlobFiles.LiveSize)
 	}
 }
+
+// TestMaxOpenFiles: Pebble's file cache takes half the process's limit of
+// open files, at most 10,000, and Pebble's default when the limit is
+// unknown; this process's own limit gives it at least its default's half.
+func TestMaxOpenFiles(t *testing.T) {
+	for _, c := range []struct {
+		limit uint64
+		want  int
+	}{{0, 1000}, {1024, 512}, {20000, 10000}, {1 << 20, 10000}} {
+		if got := maxOpenFiles(c.limit); got != c.want {
+			t.Errorf("maxOpenFiles(%d) = %d, want %d", c.limit, got, c.want)
+		}
+	}
+	if n := maxOpenFiles(openFilesLimit()); n < 500 {
+		t.Errorf("with this process's limit %d, %d files", openFilesLimit(), n)
+	}
+}

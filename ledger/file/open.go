@@ -52,6 +52,19 @@ const DefaultCacheSize = 64 << 20
 // in a table on disk. Pebble holds at most two before it stalls writes.
 const memTableSize = 8 << 20
 
+// maxOpenFiles is how many of its files Pebble keeps open: half the
+// process's limit (the rest is for its connections), at most 10,000 (Pebble's
+// default, 1,000, when the limit is unknown). A replay reads a table and a
+// blob file; at 10M jobs of 2 KB the store holds about 2,200 files, and a
+// file cache smaller than that opens a file again, reading its footer and
+// index, for most replays.
+func maxOpenFiles(limit uint64) int {
+	if limit == 0 {
+		return 1000
+	}
+	return int(min(limit/2, 10000))
+}
+
 // separateFrom is the size from which a record is kept in a blob file
 // rather than in its table (openDB).
 const separateFrom = 512
@@ -144,6 +157,7 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 		Cache:              cache,
 		Lock:               lock,
 		MemTableSize:       memTableSize,
+		MaxOpenFiles:       maxOpenFiles(openFilesLimit()),
 		FormatMajorVersion: pebble.FormatNewest,
 		Merger:             sumMerger,
 		Logger:             quiet{},
