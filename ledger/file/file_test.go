@@ -250,8 +250,8 @@ func TestCacheSizeBoundsReplays(t *testing.T) {
 
 // TestAnswersInBlobFiles: records holding answers of kilobytes are kept in
 // blob files beside the tables, which hold little more than the keys, and
-// read back whole, also after a reopen; once their jobs expired and were
-// swept, the blob files go.
+// read back whole, also after a reopen, when the storage report counts
+// them; once their jobs expired and were swept, the blob files go.
 func TestAnswersInBlobFiles(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "ledger.db")
@@ -286,6 +286,13 @@ func TestAnswersInBlobFiles(t *testing.T) {
 	l.Close()
 	if l, err = Open(path, opts); err != nil {
 		t.Fatal(err)
+	}
+	files, err := Size(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l.Storage(); err != nil || st.DiskBytes < files*9/10 || st.DiskBytes > files {
+		t.Fatalf("after a reopen the storage report says %d bytes on disk (%v); its files take %d", st.DiskBytes, err, files)
 	}
 	for _, i := range []int{0, 1, n / 2, n - 1} {
 		q := p.WithNewIDs()

@@ -302,12 +302,22 @@ func (l *Ledger) Storage() (ledger.Storage, error) {
 	defer done()
 	m := l.db.Metrics()
 	return ledger.Storage{
-		DiskBytes:   int64(m.DiskSpaceUsage()),
+		DiskBytes:   int64(diskBytes(m)),
 		CacheBytes:  m.BlockCache.Size + int64(l.replays.Bytes()),
 		CacheSize:   l.cacheSize,
 		CacheHits:   uint64(m.BlockCache.Hits),
 		CacheMisses: uint64(m.BlockCache.Misses),
 	}, nil
+}
+
+// diskBytes is what the database's files take on disk. Pebble's own sum
+// counts the blob files by a tally it keeps from its changes since the
+// database opened (the blob files found at the open are not in it, and its
+// removals of those wrap it below zero); the live blob files' size, taken
+// from the current version, replaces it (in uint64's arithmetic, which
+// undoes the wrap).
+func diskBytes(m *pebble.Metrics) uint64 {
+	return m.DiskSpaceUsage() - m.BlobFiles.Local.LiveSize + m.BlobFiles.LiveSize
 }
 
 // Size returns the bytes the ledger's files in dir take on disk (the
