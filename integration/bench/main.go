@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -45,6 +46,7 @@ type config struct {
 	sweepAnswer      int    // bytes of each stored job's answer; 0: the gateway's own
 	sweepDir         string // where the sweep's file ledger is kept between runs; "" for the scratch directory
 	pin              bool   // the load generators and the server under test each on a core of its own
+	rate             int    // requests a second of the open-loop load; 0 for wrk's closed loop
 }
 
 // transport is the same upstream transport in every Caddyfile: Caddy's
@@ -75,8 +77,20 @@ func main() {
 	sweep := flag.String("sweep", "10000,100000,1000000", "numbers of jobs stored beforehand, at which the sweep measures the file ledger and PostgreSQL (\"\": skip)")
 	flag.IntVar(&cfg.sweepAnswer, "sweep-answer", 0, "bytes of the answer of each job the sweep stores beforehand: the gateway's, then random text (0: the answer as the gateway stored it)")
 	flag.StringVar(&cfg.sweepDir, "sweep-dir", "", "keep the sweep's file ledger in this directory after the run, and grow the one a run left there rather than store its jobs again (\"\": a scratch directory)")
+	flag.IntVar(&cfg.rate, "rate", 0, "send each series' requests open-loop at this many a second (vegeta), so that series compare at the same offered rate (0: wrk's closed loop, each series at the rate it reaches)")
+	attackWith := flag.String("attack", "", "be the open-loop load process: send the requests this JSON describes, print a JSON report (the bench runs itself so)")
 	flag.BoolVar(&cfg.pin, "pin", false, "run wrk and pgbench on CPU "+loadCPU+", the gateway and plain Caddy on CPU "+serverCPU+" (taskset)")
 	flag.Parse()
+	if *attackWith != "" {
+		var spec attackSpec
+		if err := json.Unmarshal([]byte(*attackWith), &spec); err != nil {
+			log.Fatalf("bench: -attack: %v", err)
+		}
+		if err := json.NewEncoder(os.Stdout).Encode(attack(spec)); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if cfg.gateway == "" || cfg.plain == "" {
 		log.Fatal("bench: -gateway and -plain are required (run ./integration/bench/run.sh)")
 	}
@@ -154,8 +168,11 @@ func main() {
 
 // printSettings prints how the series run, as the output's first lines.
 func printSettings(w io.Writer, cfg config) {
-	fmt.Fprintf(w, "each series: a %v warm-up, then the median of %d runs of %v; wrk with %d threads and %d connections\n",
-		cfg.warmup, cfg.reps, cfg.duration, cfg.threads, cfg.connections)
+	load := fmt.Sprintf("wrk with %d threads and %d connections (closed loop: each series at the rate it reaches)", cfg.threads, cfg.connections)
+	if cfg.rate > 0 {
+		load = fmt.Sprintf("open loop at %d requests/s (vegeta, a process of its own), at most %d connections", cfg.rate, cfg.connections)
+	}
+	fmt.Fprintf(w, "each series: a %v warm-up, then the median of %d runs of %v; %s\n", cfg.warmup, cfg.reps, cfg.duration, load)
 	if cfg.pin {
 		fmt.Fprintf(w, "pinning: on (wrk and pgbench on CPU %s, the gateway and plain Caddy on CPU %s; GOMAXPROCS=2 for the gateway on a file ledger; PostgreSQL, Redis and the upstream not pinned)\n", loadCPU, serverCPU)
 	} else {
@@ -517,7 +534,7 @@ func (r *seriesRun) warm(cfg config, up *upstream) error {
 	if r.s.mode == "stored" {
 		r.keys = r.s.keys
 	}
-	if _, err := runWrk(cfg, r.srv.url, cfg.warmup, r.s.mode, r.prefix(-1), r.keys); err != nil {
+	if _, err := drive(cfg, r.srv.url, cfg.warmup, r.s.mode, r.prefix(-1), r.keys); err != nil {
 		return err
 	}
 	// The metrics are read here and in finish, never while a run's Redis
@@ -555,7 +572,7 @@ func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
 	start := time.Now()
 	hits, cpu := up.sentBy(r.prefix(rep)), r.srv.cpu()
 	smp, err := withShares(func() (sample, error) {
-		return runWrk(cfg, r.srv.url, cfg.duration, r.s.mode, r.prefix(rep), r.keys)
+		return drive(cfg, r.srv.url, cfg.duration, r.s.mode, r.prefix(rep), r.keys)
 	})
 	if err != nil {
 		return fmt.Errorf("%v\nserver log:\n%s", err, r.srv.output())

@@ -59,7 +59,7 @@ func profileSeries(cfg config, srv *server, name, mode, prefix string, keys int)
 	go func() {
 		// A second longer than the profiles, which start half a second
 		// in: they see the load at full speed only.
-		s, err := runWrk(cfg, srv.url, time.Duration(secs+1)*time.Second, mode, prefix, keys)
+		s, err := drive(cfg, srv.url, time.Duration(secs+1)*time.Second, mode, prefix, keys)
 		load <- ran{s, err}
 	}()
 	time.Sleep(500 * time.Millisecond)
