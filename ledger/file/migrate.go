@@ -3,13 +3,11 @@ package file
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -276,25 +274,4 @@ func readLog(dir string, now time.Time) ([]*ledger.Job, error) {
 		}
 	}
 	return slices.Collect(maps.Values(byID)), nil
-}
-
-// flockDir takes the lock the previous release held on its directory,
-// waiting up to timeout for a process of that release to let it go.
-func flockDir(dir string, timeout time.Duration) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return f, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("locked by another process (or config) after %v: %w", timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
