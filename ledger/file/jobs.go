@@ -31,6 +31,7 @@ func (l *Ledger) open() (done func(), err error) {
 	}
 	l.users.Add(1)
 	l.mu.Unlock()
+	l.used.Store(true)
 	return l.users.Done, nil
 }
 

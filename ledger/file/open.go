@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -89,6 +90,8 @@ type Ledger struct {
 
 	stopTrim func()        // ends the trimming of C's allocator (trimEvery)
 	trimmed  chan struct{} // closed when it has ended
+	trims    atomic.Int64  // how many times it trimmed
+	used     atomic.Bool   // whether a call used the database since the last trim
 
 	mu     sync.Mutex
 	closed bool
@@ -130,7 +133,12 @@ func Open(path string, opts Options) (*Ledger, error) {
 	l.stopTrim, l.trimmed = stop, make(chan struct{})
 	go func() {
 		defer close(l.trimmed)
-		tick.Every(ctx, trimEvery, trimMalloc)
+		tick.Every(ctx, trimEvery, func() {
+			if l.used.Swap(false) {
+				trimMalloc()
+				l.trims.Add(1)
+			}
+		})
 	}()
 	return l, nil
 }
@@ -141,6 +149,8 @@ func Open(path string, opts Options) (*Ledger, error) {
 // ledger trims while it is open, though the allocator is the process's:
 // a trimmer shared by the process's ledgers would outlive the ledger that
 // started it, and with it a test's synctest bubble (sim failed so).
+// It trims after a second in which the ledger was used, not every second of
+// an idle one (what the allocator holds free came from its calls).
 const trimEvery = time.Second
 
 // openDB opens the Pebble database in dir, waiting up to opts.Timeout for
