@@ -31,7 +31,9 @@ func (l *Ledger) open() (done func(), err error) {
 	}
 	l.users.Add(1)
 	l.mu.Unlock()
-	l.used.Store(true)
+	if !l.used.Load() { // a read of a shared line, not a write, on most calls
+		l.used.Store(true)
+	}
 	return l.users.Done, nil
 }
 
