@@ -28,7 +28,7 @@ func runWrk(cfg config, url string, d time.Duration, mode, prefix string, keys i
 	args := []string{"-t", strconv.Itoa(cfg.threads), "-c", strconv.Itoa(cfg.connections),
 		"-d", fmt.Sprintf("%.0fs", d.Seconds()), "--latency", "--timeout", "10s",
 		"-s", filepath.Join(cfg.dir, "request.lua"), url + "/charges",
-		"--", mode, prefix, strconv.Itoa(keys)}
+		"--", mode, prefix, strconv.Itoa(keys), strconv.Itoa(recentJobs)}
 	cmd := cfg.command(loadCPU, cfg.wrk, args...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -44,6 +44,7 @@ type config struct {
 	soak             time.Duration
 	sweep            []int  // the sweep's numbers of stored jobs; none to skip it
 	sweepAnswer      int    // bytes of each stored job's answer; 0: the gateway's own
+	sweepCache       string // the sweep's file ledger's cache_size; "": its default
 	sweepDir         string // where the sweep's file ledger is kept between runs; "" for the scratch directory
 	pin              bool   // the load generators and the server under test each on a core of its own
 	rate             int    // requests a second of the open-loop load; 0 for wrk's closed loop
@@ -76,6 +77,7 @@ func main() {
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "length of the memory soak (0: skip)")
 	sweep := flag.String("sweep", "10000,100000,1000000", "numbers of jobs stored beforehand, at which the sweep measures the file ledger and PostgreSQL (\"\": skip)")
 	flag.IntVar(&cfg.sweepAnswer, "sweep-answer", 0, "bytes of the answer of each job the sweep stores beforehand: the gateway's, then random text (0: the answer as the gateway stored it)")
+	flag.StringVar(&cfg.sweepCache, "sweep-cache", "", "the cache_size of the sweep's file ledger, as in a Caddyfile (\"\": the ledger's default)")
 	flag.StringVar(&cfg.sweepDir, "sweep-dir", "", "keep the sweep's file ledger in this directory after the run, and grow the one a run left there rather than store its jobs again (\"\": a scratch directory)")
 	flag.IntVar(&cfg.rate, "rate", 0, "send each series' requests open-loop at this many a second (vegeta), so that series compare at the same offered rate (0: wrk's closed loop, each series at the rate it reaches)")
 	attackWith := flag.String("attack", "", "be the open-loop load process: send the requests this JSON describes, print a JSON report (the bench runs itself so)")

@@ -119,7 +119,7 @@ func attack(spec attackSpec) attackReport {
 // requestKey is request.lua's Idempotency-Key for the i-th request (from
 // 1) in mode: none for plain; fresh keys; one of keys keys for replay,
 // created by the warm-up; a random one of keys stored keys for random and
-// stored.
+// stored, of the newest recentJobs of them for recent.
 func requestKey(mode, prefix string, keys int, i int64) string {
 	switch mode {
 	case "fresh":
@@ -128,6 +128,9 @@ func requestKey(mode, prefix string, keys int, i int64) string {
 		return prefix + "-" + strconv.FormatInt(i%int64(keys), 10)
 	case "random", "stored":
 		return prefix + "-" + strconv.Itoa(1+rand.IntN(keys))
+	case "recent":
+		n := min(recentJobs, keys)
+		return prefix + "-" + strconv.Itoa(keys-n+1+rand.IntN(n))
 	}
 	return ""
 }

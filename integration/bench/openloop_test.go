@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -74,5 +75,15 @@ func TestRequestKey(t *testing.T) {
 		if k := requestKey("stored", "p", 2, 1); k != "p-1" && k != "p-2" {
 			t.Fatalf("stored key %q, want p-1 or p-2", k)
 		}
+	}
+	// The newest recentJobs of the stored keys, each of them.
+	keys := recentJobs + 5
+	seen := map[string]bool{}
+	for range 50 * recentJobs {
+		seen[requestKey("recent", "p", keys, 1)] = true
+	}
+	if len(seen) != recentJobs || !seen["p-6"] || !seen["p-"+strconv.Itoa(keys)] {
+		t.Errorf("recent keys: %d, with p-6 %v and p-%d %v; want the %d from p-6 to p-%d",
+			len(seen), seen["p-6"], keys, seen["p-"+strconv.Itoa(keys)], recentJobs, keys)
 	}
 }

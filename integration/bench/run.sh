@@ -18,7 +18,7 @@
 # Debian packages when missing; starts throwaway PostgreSQL, Redis and
 # Redis Cluster servers (see ../services.sh). About 28 minutes.
 #
-# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 5] [-only REGEXP] [-soak 5m] [-waiters 10000] [-sweep 10000,100000,1000000] [-sweep-answer BYTES] [-sweep-dir DIR] [-profiles DIR] [-pin] [-rate N]
+# Usage: ./integration/bench/run.sh [-duration 5s] [-reps 5] [-only REGEXP] [-soak 5m] [-waiters 10000] [-sweep 10000,100000,1000000] [-sweep-answer BYTES] [-sweep-cache SIZE] [-sweep-dir DIR] [-profiles DIR] [-pin] [-rate N]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . integration/services.sh

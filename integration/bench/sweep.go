@@ -29,14 +29,14 @@ import (
 
 // The sweep measures the gateway with many jobs already stored in its
 // ledger (the file ledger and PostgreSQL): replays of stored jobs picked
-// at random, and fresh keys, at each size of -sweep. The jobs are stored
+// at random, replays of the newest stored jobs, and fresh keys, at each
+// size of -sweep. The jobs are stored
 // directly in the ledger, not through the gateway, and the ledger grows
 // from one size to the next. The memory ledger cannot be filled before a
 // gateway process starts: BenchmarkPreloaded measures it in process.
 
 // sweepTarget is what the sweep asks of each ledger: the CPU per request
-// at every size within 15% of the first size's, replays and fresh keys
-// each.
+// at every size within 15% of the first size's, for each series.
 var sweepTarget = target{cpuRatio: 1.15}
 
 // sweepWorkers is how many goroutines store jobs at once (preload): the
@@ -47,6 +47,13 @@ const sweepWorkers = 256
 const storedPrefix = "stored"
 
 func storedKey(i int) string { return storedPrefix + "-" + strconv.Itoa(i) }
+
+// recentJobs is how many of the newest stored jobs the sweep's recent
+// series replays (request.lua's recent mode): retries come soon after their
+// first request, and this many jobs are the working set of the sweep's
+// first size, so that the series measures what the ledger's size costs
+// and not what the disk does.
+const recentJobs = 10_000
 
 // parseSizes reads -sweep: growing numbers of jobs, comma-separated; ""
 // is none.
@@ -209,7 +216,11 @@ func send(url, key string) (int, string, error) {
 func learn(cfg config, up *upstream) (stored, error) {
 	var s stored
 	path := filepath.Join(cfg.work, "sweep-learn", "ledger.db")
-	site := "\tidempotency {\n\t\tledger file " + path + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	ledgerFile := "ledger file " + path
+	if cfg.sweepCache != "" {
+		ledgerFile += " {\n\t\t\tcache_size " + cfg.sweepCache + "\n\t\t}"
+	}
+	site := "\tidempotency {\n\t\t" + ledgerFile + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
 	srv, err := startServer(cfg, cfg.gateway, "sweep-learn", "", site)
 	if err != nil {
 		return s, err
@@ -298,7 +309,7 @@ type sweepPoint struct {
 	start    time.Duration // from starting the gateway to its answer to a replay of a stored job
 	sweepLag float64       // seconds since the gateway's sweeper completed a pass, after the runs
 	memory   sweepMemory   // the gateway's, after the runs
-	rows     []result      // the replay series, then the fresh one
+	rows     []result      // the replay series, the recent one, then the fresh one
 }
 
 // runSweep measures the sweep on the file ledger, then on PostgreSQL
@@ -342,7 +353,11 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		dir = cfg.sweepDir
 	}
 	path := filepath.Join(dir, "ledger.db")
-	site := "\tidempotency {\n\t\tledger file " + path + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	ledgerFile := "ledger file " + path
+	if cfg.sweepCache != "" {
+		ledgerFile += " {\n\t\t\tcache_size " + cfg.sweepCache + "\n\t\t}"
+	}
+	site := "\tidempotency {\n\t\t" + ledgerFile + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
 	var points []sweepPoint
 	jobs, keys, err := keptSweep(dir)
 	if err != nil {
@@ -572,7 +587,7 @@ func dropSweepSchemas(ctx context.Context, conn *pgx.Conn) error {
 // sweepAt starts the gateway on a ledger that holds p.jobs jobs, those of
 // keys 1 to keys stored beforehand, times its start until it answers a
 // replay of one, and measures replays of stored jobs picked at random,
-// then fresh keys, with the gateway's sweeper running as it runs by
+// replays of the newest recentJobs of them, then fresh keys, with the gateway's sweeper running as it runs by
 // default.
 func sweepAt(cfg config, up *upstream, site string, keys int, p *sweepPoint, run, want string) error {
 	name := "sweep_" + p.ledger + "_" + jobsLabel(p.size)
@@ -591,7 +606,7 @@ func sweepAt(cfg config, up *upstream, site string, keys int, p *sweepPoint, run
 		return fmt.Errorf("a replay of a stored job: the gateway answered %d %.80q, want 200 %.80q", status, body, want)
 	}
 	p.start = time.Since(began)
-	for _, kind := range []struct{ suffix, mode string }{{"replay", "stored"}, {"fresh", "fresh"}} {
+	for _, kind := range []struct{ suffix, mode string }{{"replay", "stored"}, {"recent", "recent"}, {"fresh", "fresh"}} {
 		s := series{name: name + "_" + kind.suffix, mode: kind.mode, prefix: storedPrefix, keys: keys}
 		m, err := measureOn(cfg, up, srv, s, run)
 		if err != nil {
@@ -650,10 +665,10 @@ func printSweep(w io.Writer, points []sweepPoint) {
 	if len(points) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nsweep: jobs stored in the ledger directly, then through the gateway (its sweeper running) replays of stored jobs picked at random, and fresh keys\n")
-	fmt.Fprintf(w, "%-9s %8s %8s %8s %7s %8s %9s %8s %8s %8s %10s %9s %10s %9s\n",
+	fmt.Fprintf(w, "\nsweep: jobs stored in the ledger directly, then through the gateway (its sweeper running) replays of stored jobs picked at random, of the newest %d, and fresh keys\n", recentJobs)
+	fmt.Fprintf(w, "%-9s %8s %8s %8s %7s %8s %9s %8s %8s %8s %10s %9s %10s %9s %10s %9s\n",
 		"ledger", "jobs", "after", "stored", "load-s", "jobs/s", "disk-MiB", "open-ms", "start-ms", "sweep-s",
-		"replay/s", "cpu-us", "fresh/s", "cpu-us")
+		"replay/s", "cpu-us", "recent/s", "cpu-us", "fresh/s", "cpu-us")
 	for _, p := range points {
 		open, rate := "-", "-"
 		if p.open > 0 {
