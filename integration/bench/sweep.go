@@ -207,6 +207,16 @@ func send(url, key string) (int, string, error) {
 	return resp.StatusCode, string(body), err
 }
 
+// fileSite is the site block of a gateway on the file ledger at path,
+// with -sweep-cache as its cache_size.
+func fileSite(cfg config, up *upstream, path string) string {
+	ledgerFile := "ledger file " + path
+	if cfg.sweepCache != "" {
+		ledgerFile += " {\n\t\t\tcache_size " + cfg.sweepCache + "\n\t\t}"
+	}
+	return "\tidempotency {\n\t\t" + ledgerFile + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+}
+
 // learn has the gateway make one job, for wrk's request, on a file ledger
 // of its own, and reads it back: the sweep stores its jobs as the gateway
 // reserved that one (owner, fingerprint and how it was made, retention,
@@ -216,11 +226,7 @@ func send(url, key string) (int, string, error) {
 func learn(cfg config, up *upstream) (stored, error) {
 	var s stored
 	path := filepath.Join(cfg.work, "sweep-learn", "ledger.db")
-	ledgerFile := "ledger file " + path
-	if cfg.sweepCache != "" {
-		ledgerFile += " {\n\t\t\tcache_size " + cfg.sweepCache + "\n\t\t}"
-	}
-	site := "\tidempotency {\n\t\t" + ledgerFile + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	site := fileSite(cfg, up, path)
 	srv, err := startServer(cfg, cfg.gateway, "sweep-learn", "", site)
 	if err != nil {
 		return s, err
@@ -353,11 +359,7 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		dir = cfg.sweepDir
 	}
 	path := filepath.Join(dir, "ledger.db")
-	ledgerFile := "ledger file " + path
-	if cfg.sweepCache != "" {
-		ledgerFile += " {\n\t\t\tcache_size " + cfg.sweepCache + "\n\t\t}"
-	}
-	site := "\tidempotency {\n\t\t" + ledgerFile + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	site := fileSite(cfg, up, path)
 	var points []sweepPoint
 	jobs, keys, err := keptSweep(dir)
 	if err != nil {
