@@ -500,17 +500,30 @@ type seriesRun struct {
 	m        measured
 }
 
+// storedJobs reports whether the series replays jobs stored before it
+// (the sweep's stored and recent modes): s.keys of them, named after
+// s.prefix.
+func (s series) storedJobs() bool { return s.mode == "stored" || s.mode == "recent" }
+
 // prefix names the keys of run rep (-1: the warm-up): a replay series
-// replays the warm-up's keys; the stored mode, the jobs stored before the
-// series.
+// replays the warm-up's keys; a series of stored jobs, those jobs.
 func (r *seriesRun) prefix(rep int) string {
-	switch r.s.mode {
-	case "replay":
+	switch {
+	case r.s.mode == "replay":
 		return "replay-" + r.run
-	case "stored":
+	case r.s.storedJobs():
 		return r.s.prefix
 	}
 	return fmt.Sprintf("%s-%s-%d", r.s.name, r.run, rep)
+}
+
+// keyCount is how many keys the series' requests pick among: the stored
+// jobs, or the 64 a replay series' warm-up creates.
+func (r *seriesRun) keyCount() int {
+	if r.s.storedJobs() {
+		return r.s.keys
+	}
+	return 64
 }
 
 // start starts the series' server, then warms it up.
@@ -532,10 +545,7 @@ func (r *seriesRun) warm(cfg config, up *upstream) error {
 		_, err := runPgbench(cfg, cfg.postgres, "bench", cfg.warmup)
 		return err
 	}
-	r.keys = 64
-	if r.s.mode == "stored" {
-		r.keys = r.s.keys
-	}
+	r.keys = r.keyCount()
 	if _, err := drive(cfg, r.srv.url, cfg.warmup, r.s.mode, r.prefix(-1), r.keys); err != nil {
 		return err
 	}
@@ -582,8 +592,8 @@ func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
 	smp.cpu = (r.srv.cpu() - cpu) / time.Duration(smp.requests)
 	// What reached the upstream proves the series measured what it says:
 	// every fresh request, and no replay.
-	switch forwarded := up.sentBy(r.prefix(rep)) - hits; r.s.mode {
-	case "replay", "stored":
+	switch forwarded := up.sentBy(r.prefix(rep)) - hits; {
+	case r.s.mode == "replay" || r.s.storedJobs():
 		if forwarded != 0 {
 			return fmt.Errorf("%d replays reached the upstream", forwarded)
 		}

@@ -122,3 +122,20 @@ func TestPadAnswer(t *testing.T) {
 		t.Errorf("an answer larger than asked became %d bytes", len(same.Body))
 	}
 }
+
+// TestStoredSeriesReplayStoredJobs: the sweep's replay series (stored, and
+// recent) send the keys of the jobs stored before them, all of them, in
+// every run, and count as replays: none may reach the upstream.
+func TestStoredSeriesReplayStoredJobs(t *testing.T) {
+	for _, mode := range []string{"stored", "recent"} {
+		r := &seriesRun{s: series{name: "sweep_file_10M_" + mode, mode: mode, prefix: storedPrefix, keys: 10_000_000}, run: "x"}
+		for _, rep := range []int{-1, 0, 1} {
+			if got := r.prefix(rep); got != storedPrefix {
+				t.Errorf("%s: the keys of run %d are named %q, want %q (the stored jobs')", mode, rep, got, storedPrefix)
+			}
+		}
+		if got := r.keyCount(); got != r.s.keys {
+			t.Errorf("%s: requests pick among %d keys, want the %d stored", mode, got, r.s.keys)
+		}
+	}
+}
