@@ -21,6 +21,7 @@ type storageJSON struct {
 	CacheHits    uint64  `json:"cache_hits"`
 	CacheMisses  uint64  `json:"cache_misses"`
 	CacheHitRate float64 `json:"cache_hit_rate"`
+	Syncs        uint64  `json:"syncs"`
 }
 
 // handleStorage serves GET /idempotency/storage: {"ledgers": [...]}, one
@@ -46,7 +47,8 @@ func (a *adminAPI) handleStorage(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 		out.Ledgers = append(out.Ledgers, storageJSON{Ledger: s.kind, DiskBytes: st.DiskBytes, CacheBytes: st.CacheBytes,
-			CacheSize: st.CacheSize, CacheHits: st.CacheHits, CacheMisses: st.CacheMisses, CacheHitRate: st.HitRate()})
+			CacheSize: st.CacheSize, CacheHits: st.CacheHits, CacheMisses: st.CacheMisses, CacheHitRate: st.HitRate(),
+			Syncs: st.Syncs})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -14,7 +14,7 @@ import (
 // databases) add up their jobs and show the worst of their health.
 type ledgerCollector struct {
 	jobs, oldestUnknown, listenerUp, sweepLag, waitReads *prometheus.Desc
-	diskBytes, cacheBytes, cacheHits, cacheMisses        *prometheus.Desc
+	diskBytes, cacheBytes, cacheHits, cacheMisses, syncs *prometheus.Desc
 }
 
 func newLedgerCollector() *ledgerCollector {
@@ -52,6 +52,10 @@ func newLedgerCollector() *ledgerCollector {
 		cacheMisses: prometheus.NewDesc(name("ledger_cache_misses_total"),
 			"Reads of the ledger's files that went to disk, by ledger module; only for the file ledger.",
 			[]string{"ledger"}, nil),
+		syncs: prometheus.NewDesc(name("ledger_syncs_total"),
+			"Syncs of the ledger's log to disk (fdatasync), which concurrent transitions share, by ledger module; "+
+				"only for the file ledger.",
+			[]string{"ledger"}, nil),
 	}
 }
 
@@ -66,6 +70,7 @@ func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.cacheBytes
 	ch <- c.cacheHits
 	ch <- c.cacheMisses
+	ch <- c.syncs
 }
 
 // Collect implements prometheus.Collector. A ledger whose count fails has
@@ -118,10 +123,7 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		if r, ok := s.Ledger.(ledger.StorageReporter); ok {
 			if st, err := r.Storage(); err == nil {
 				k.hasStorage = true
-				k.storage.DiskBytes += st.DiskBytes
-				k.storage.CacheBytes += st.CacheBytes
-				k.storage.CacheHits += st.CacheHits
-				k.storage.CacheMisses += st.CacheMisses
+				k.storage.Add(st)
 			}
 		}
 		k.sweepLag = max(k.sweepLag, s.sweepLag())
@@ -150,6 +152,7 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.cacheBytes, prometheus.GaugeValue, float64(k.storage.CacheBytes), name)
 			ch <- prometheus.MustNewConstMetric(c.cacheHits, prometheus.CounterValue, float64(k.storage.CacheHits), name)
 			ch <- prometheus.MustNewConstMetric(c.cacheMisses, prometheus.CounterValue, float64(k.storage.CacheMisses), name)
+			ch <- prometheus.MustNewConstMetric(c.syncs, prometheus.CounterValue, float64(k.storage.Syncs), name)
 		}
 	}
 }

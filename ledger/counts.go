@@ -131,6 +131,17 @@ type Storage struct {
 	CacheSize   int64  // the caches' bound
 	CacheHits   uint64 // reads of stored blocks the cache served, since the ledger opened
 	CacheMisses uint64 // reads that went to disk
+	Syncs       uint64 // syncs of the ledger's log (fdatasync), since the ledger opened
+}
+
+// Add adds o's sizes and counts to s (the storage of several ledgers).
+func (s *Storage) Add(o Storage) {
+	s.DiskBytes += o.DiskBytes
+	s.CacheBytes += o.CacheBytes
+	s.CacheSize += o.CacheSize
+	s.CacheHits += o.CacheHits
+	s.CacheMisses += o.CacheMisses
+	s.Syncs += o.Syncs
 }
 
 // HitRate is the share of reads the cache served, 0 before any read.

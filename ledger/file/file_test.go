@@ -336,3 +336,34 @@ func TestMaxOpenFiles(t *testing.T) {
 		t.Errorf("with this process's limit %d, %d files", openFilesLimit(), n)
 	}
 }
+
+// TestStorageCountsSyncs: the storage report counts the log's syncs since
+// the ledger opened: one at least for each transition made alone, fewer
+// than transitions when many share a flush.
+func TestStorageCountsSyncs(t *testing.T) {
+	ctx := context.Background()
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	syncs := func() uint64 {
+		st, err := l.Storage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Syncs
+	}
+	before := syncs()
+	const alone = 5
+	for i := range alone {
+		p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte{byte(i)}, Fingerprint: []byte("f"), FingerprintVersion: 1,
+			Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute}}
+		if _, err := l.Reserve(ctx, p.WithNewIDs()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := syncs() - before; got < alone {
+		t.Errorf("%d reservations one after the other: %d syncs, want at least %d", alone, got, alone)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/onejob/onejob/internal/tick"
 	"github.com/onejob/onejob/ledger"
@@ -317,7 +318,21 @@ func (l *Ledger) Storage() (ledger.Storage, error) {
 		CacheSize:   l.cacheSize,
 		CacheHits:   uint64(m.BlockCache.Hits),
 		CacheMisses: uint64(m.BlockCache.Misses),
+		Syncs:       syncs(m),
 	}, nil
+}
+
+// syncs is how many times the database synced its log since it opened:
+// the count of Pebble's histogram of their latencies.
+func syncs(m *pebble.Metrics) uint64 {
+	if m.LogWriter.FsyncLatency == nil {
+		return 0
+	}
+	var d dto.Metric
+	if m.LogWriter.FsyncLatency.Write(&d) != nil {
+		return 0
+	}
+	return d.GetHistogram().GetSampleCount()
 }
 
 // diskBytes is what the database's files take on disk. Pebble's own sum
