@@ -241,6 +241,8 @@ type result struct {
 	p50, p99 time.Duration
 	cpu      time.Duration // per request; 0 when not measured
 	peakRSS  int64         // bytes; 0 when not measured
+	allocs   float64       // the server's heap allocations per request, over the measured runs
+	syncs    float64       // the file ledger's syncs of its log per request; -1 when the server has none
 	shares                 // where the machine's CPU went: each measure's median
 	baseline string        // the series it is compared with
 	target   target        // what it must reach against the baseline
@@ -269,12 +271,22 @@ type series struct {
 	durability durability
 }
 
+// The component targets: CPU per request as a ratio to the baseline's,
+// at the same offered rate.
+var (
+	freshTarget     = target{cpuRatio: 1.20, extraAllocs: 60}
+	replayTarget    = target{cpuRatio: 1.15}
+	fileFreshTarget = target{cpuRatio: 1.10, maxSyncs: 0.25}
+)
+
 // target is what a series must reach against its baseline, judged on the
 // medians; the zero target is none.
 type target struct {
-	ratio    float64       // minimum requests/s, as a ratio to the baseline's; 0 for no limit
-	extraCPU time.Duration // maximum CPU per request over the baseline's; 0 for no limit
-	cpuRatio float64       // maximum CPU per request, as a ratio to the baseline's; 0 for no limit
+	ratio       float64       // minimum requests/s, as a ratio to the baseline's; 0 for no limit
+	extraCPU    time.Duration // maximum CPU per request over the baseline's; 0 for no limit
+	cpuRatio    float64       // maximum CPU per request, as a ratio to the baseline's; 0 for no limit
+	extraAllocs float64       // maximum heap allocations per request over the baseline's; 0 for no limit
+	maxSyncs    float64       // maximum syncs of the file ledger's log per request; 0 for no limit
 }
 
 func (t target) String() string {
@@ -288,13 +300,21 @@ func (t target) String() string {
 	if t.cpuRatio > 0 {
 		parts = append(parts, fmt.Sprintf("cpu <= %gx", t.cpuRatio))
 	}
+	if t.extraAllocs > 0 {
+		parts = append(parts, fmt.Sprintf("allocs <= +%g", t.extraAllocs))
+	}
+	if t.maxSyncs > 0 {
+		parts = append(parts, fmt.Sprintf("syncs <= %g", t.maxSyncs))
+	}
 	return strings.Join(parts, ", ")
 }
 
 // met says whether r reached the target against its baseline b.
 func (t target) met(r, b result) bool {
 	return r.rps/b.rps >= t.ratio && (t.extraCPU == 0 || r.cpu-b.cpu <= t.extraCPU) &&
-		(t.cpuRatio == 0 || float64(r.cpu) <= t.cpuRatio*float64(b.cpu))
+		(t.cpuRatio == 0 || float64(r.cpu) <= t.cpuRatio*float64(b.cpu)) &&
+		(t.extraAllocs == 0 || r.allocs-b.allocs <= t.extraAllocs) &&
+		(t.maxSyncs == 0 || (r.syncs >= 0 && r.syncs <= t.maxSyncs))
 }
 
 // runSeries measures every series -only selects, in the order of the
@@ -309,25 +329,31 @@ func runSeries(cfg config, up *upstream) (results []result, err error) {
 	// (pgx's default is 4 on this machine): the same resources on both
 	// sides of the comparison.
 	pg := "ledger postgres " + withParam(cfg.postgres, "pool_max_conns", strconv.Itoa(cfg.connections)) + " bench"
-	// Each series with its baseline and its target: fresh keys against
-	// plain Caddy's reverse proxy, PostgreSQL's against its own SQL run by
-	// pgbench, the cache's against PostgreSQL without it (the cache must
-	// not tax fresh keys); replays against plain Caddy answering by itself.
+	// Each series with its baseline and its target, a component against
+	// the cheapest thing that could do its job, in CPU per request (judged
+	// at one offered rate with -rate): the gateway's fresh path on the
+	// memory ledger against plain Caddy's reverse proxy (and at most 60
+	// allocations more), every replay against plain Caddy answering by
+	// itself, the file ledger's fresh path against the memory ledger's
+	// (and at most a sync of its log for 4 requests). The other fresh
+	// series are compared without a target: PostgreSQL's with its own SQL
+	// run by pgbench, the cache's with PostgreSQL without it, Redis's with
+	// plain Caddy.
 	list := []series{
 		{name: "plain_respond", binary: cfg.plain, mode: "plain",
 			site: "\theader Content-Type application/json\n\trespond `" + answer + "` 200\n"},
 		{name: "plain_reverse_proxy", binary: cfg.plain, mode: "plain", site: proxy},
-		{name: "memory_fresh", mode: "fresh", site: gw("ledger memory"), baseline: "plain_reverse_proxy", target: target{ratio: 0.9, extraCPU: 30 * time.Microsecond}},
-		{name: "memory_replay", mode: "replay", site: gw("ledger memory"), baseline: "plain_respond", target: target{ratio: 0.9}},
-		{name: "file_fresh", mode: "fresh", site: gw("ledger file"), baseline: "plain_reverse_proxy", target: target{ratio: 0.75}},
-		{name: "file_replay", mode: "replay", site: gw("ledger file"), baseline: "plain_respond", target: target{ratio: 0.9}},
-		{name: "postgres_fresh", mode: "fresh", site: gw(pg), baseline: "pgbench_ledger_sql", target: target{ratio: 0.8}, durability: durable},
+		{name: "memory_fresh", mode: "fresh", site: gw("ledger memory"), baseline: "plain_reverse_proxy", target: freshTarget},
+		{name: "memory_replay", mode: "replay", site: gw("ledger memory"), baseline: "plain_respond", target: replayTarget},
+		{name: "file_fresh", mode: "fresh", site: gw("ledger file"), baseline: "memory_fresh", target: fileFreshTarget},
+		{name: "file_replay", mode: "replay", site: gw("ledger file"), baseline: "plain_respond", target: replayTarget},
+		{name: "postgres_fresh", mode: "fresh", site: gw(pg), baseline: "pgbench_ledger_sql", durability: durable},
 		{name: "pgbench_ledger_sql", mode: "pgbench", durability: durable},
-		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
-		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "postgres_fresh", target: target{ratio: 0.95}, durability: durable},
-		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
-		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", target: target{ratio: 0.6}, redis: cfg.redis, durability: durable},
-		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond", target: target{ratio: 0.9}, durability: durable},
+		{name: "postgres_replay", mode: "replay", site: gw(pg), baseline: "plain_respond", target: replayTarget, durability: durable},
+		{name: "postgres+cache_fresh", mode: "fresh", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "postgres_fresh", durability: durable},
+		{name: "postgres+cache_replay", mode: "replay", site: gw(pg + "\n\t\tcache redis " + cfg.redis + " bench:cache:"), baseline: "plain_respond", target: replayTarget, durability: durable},
+		{name: "redis_fresh", mode: "fresh", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_reverse_proxy", redis: cfg.redis, durability: durable},
+		{name: "redis_replay", mode: "replay", site: gw("ledger redis " + cfg.redis + " bench:"), baseline: "plain_respond", target: replayTarget, durability: durable},
 	}
 	// The same two series on the cluster, next to the single server's,
 	// with no target: the ratio is the cluster's over one server's.
@@ -456,13 +482,15 @@ type measured struct {
 	ops     map[string]time.Duration // mean ledger time per request, by operation
 	profile *profile                 // with -profiles, for fresh and replay series
 	redis   *redisLoad               // for fresh series on Redis
+	allocs  float64                  // the server's heap allocations per request, over the measured runs
+	syncs   float64                  // the file ledger's syncs of its log per request, over the measured runs; -1: no file ledger
 }
 
 // result returns the medians of m's runs, named name, with the peak
 // memory and the ledger's times they took, and logs them.
 func (m measured) result(name string) result {
 	r := median(m.samples)
-	r.name, r.peakRSS = name, m.peak
+	r.name, r.peakRSS, r.allocs, r.syncs = name, m.peak, m.allocs, m.syncs
 	r.reserve, r.complete = m.ops["reserve"], m.ops["complete"]
 	log.Printf("%-30s %8.0f req/s  p50 %v  p99 %v  cpu %v/req", r.name, r.rps, r.p50, r.p99, r.cpu)
 	return r
@@ -614,10 +642,11 @@ func (r *seriesRun) once(cfg config, up *upstream, rep int) error {
 }
 
 // finish reads what the measured runs cost (the ledger's times, the peak
-// memory) and, with -profiles, profiles one more run of a fresh or replay
-// series.
+// memory, the allocations and syncs) and, with -profiles, profiles one
+// more run of a fresh or replay series.
 func (r *seriesRun) finish(cfg config) (measured, error) {
 	m := r.m
+	m.syncs = -1
 	if r.srv == nil {
 		return m, nil
 	}
@@ -633,6 +662,13 @@ func (r *seriesRun) finish(cfg config) (measured, error) {
 	for _, smp := range m.samples {
 		requests += smp.requests
 	}
+	if requests > 0 {
+		n := float64(requests)
+		m.allocs = (rtAfter.mallocs - r.rtBefore.mallocs) / n
+		if rtAfter.hasSyncs {
+			m.syncs = (rtAfter.syncs - r.rtBefore.syncs) / n
+		}
+	}
 	if cfg.profiles != "" && (r.s.mode == "fresh" || r.s.mode == "replay") && r.s.binary == cfg.gateway {
 		// A profile that cannot be taken leaves the measurements as they are.
 		var err error
@@ -640,7 +676,6 @@ func (r *seriesRun) finish(cfg config) (measured, error) {
 			log.Printf("bench: %s: profiling: %v", r.s.name, err)
 		} else if requests > 0 {
 			n := float64(requests)
-			m.profile.allocs = (rtAfter.mallocs - r.rtBefore.mallocs) / n
 			m.profile.allocated = (rtAfter.bytes - r.rtBefore.bytes) / n
 			m.profile.gcs = 1000 * (rtAfter.gcs - r.rtBefore.gcs) / n
 		}
@@ -724,22 +759,29 @@ func printTable(w io.Writer, results []result) {
 		byName[r.name] = r
 	}
 	var met, missed, unjudged int
-	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s  %-25s %6s %8s  %s\n",
-		"series", "req/s", "p50-ms", "p99-ms", "cpu-us/req", "peak-MiB", "baseline", "ratio", "+cpu-us", "target")
+	fmt.Fprintf(w, "\n%-30s %8s %8s %8s %9s %8s %7s %6s  %-25s %6s %8s %9s  %s\n",
+		"series", "req/s", "p50-ms", "p99-ms", "cpu-us/req", "peak-MiB", "allocs", "syncs", "baseline", "ratio", "+cpu-us", "cpu-ratio", "target")
 	for _, r := range results {
-		cpu, rss := "-", "-"
+		cpu, rss, allocs, syncs := "-", "-", "-", "-"
 		if r.cpu > 0 {
 			cpu = fmt.Sprintf("%.1f", float64(r.cpu)/float64(time.Microsecond))
 		}
 		if r.peakRSS > 0 {
 			rss = fmt.Sprintf("%.1f", float64(r.peakRSS)/(1<<20))
 		}
-		ratio, extra, goal := "", "", ""
+		if r.allocs > 0 {
+			allocs = fmt.Sprintf("%.0f", r.allocs)
+		}
+		if r.syncs >= 0 {
+			syncs = fmt.Sprintf("%.3f", r.syncs)
+		}
+		ratio, extra, cpuRatio, goal := "", "", "", ""
 		b, ok := byName[r.baseline]
 		if ok {
 			ratio = fmt.Sprintf("%.2fx", r.rps/b.rps)
 			if r.cpu > 0 && b.cpu > 0 {
 				extra = fmt.Sprintf("%+.1f", float64(r.cpu-b.cpu)/float64(time.Microsecond))
+				cpuRatio = fmt.Sprintf("%.2fx", float64(r.cpu)/float64(b.cpu))
 			}
 		}
 		if r.target != (target{}) {
@@ -755,8 +797,8 @@ func printTable(w io.Writer, results []result) {
 				missed++
 			}
 		}
-		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s  %-25s %6s %8s  %s\n",
-			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, r.baseline, ratio, extra, goal)
+		fmt.Fprintf(w, "%-30s %8.0f %8.2f %8.2f %9s %8s %7s %6s  %-25s %6s %8s %9s  %s\n",
+			r.name, r.rps, ms(r.p50), ms(r.p99), cpu, rss, allocs, syncs, r.baseline, ratio, extra, cpuRatio, goal)
 	}
 	fmt.Fprintf(w, "targets: %d met, %d missed", met, missed)
 	if unjudged > 0 {

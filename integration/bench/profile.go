@@ -18,21 +18,26 @@ type profile struct {
 	rps       float64 // the profiled run's requests/s
 	cpu, mem  string  // the profiles' files
 	top       string  // the top entries of both, as go tool pprof prints them
-	allocs    float64 // heap allocations per request, over the measured runs
 	allocated float64 // bytes allocated per request, over the measured runs
 	gcs       float64 // GC cycles per 1,000 requests, over the measured runs
 }
 
 // runtimeCounters reads the Go runtime's cumulative allocation counts and
-// GC cycles from the admin endpoint's metrics.
-type runtimeCounters struct{ mallocs, bytes, gcs float64 }
+// GC cycles from the admin endpoint's metrics, and the file ledger's syncs
+// of its log (hasSyncs: a file ledger reported them).
+type runtimeCounters struct {
+	mallocs, bytes, gcs, syncs float64
+	hasSyncs                   bool
+}
 
 func readRuntime(admin string) runtimeCounters {
-	return runtimeCounters{
+	c := runtimeCounters{
 		mallocs: metric(admin, "go_memstats_mallocs_total"),
 		bytes:   metric(admin, "go_memstats_alloc_bytes_total"),
 		gcs:     metric(admin, "go_gc_duration_seconds_count"),
 	}
+	c.syncs, c.hasSyncs = metricSeen(admin, "caddy_idempotency_ledger_syncs_total")
+	return c
 }
 
 // profileSeries drives one more run of a fresh or replay series (mode),
@@ -157,7 +162,7 @@ func printProfiles(w io.Writer, dir string, results []result) {
 		}
 		p := r.profile
 		fmt.Fprintf(w, "\n%s: profiled run %.0f req/s (measured median %.0f); measured runs: %.0f allocations, %.1f KiB allocated per request, %.1f GC cycles per 1,000 requests\n",
-			r.name, p.rps, r.rps, p.allocs, p.allocated/1024, p.gcs)
+			r.name, p.rps, r.rps, r.allocs, p.allocated/1024, p.gcs)
 		fmt.Fprintf(w, "  %s, %s\n%s", filepath.Base(p.cpu), filepath.Base(p.mem), p.top)
 	}
 }
