@@ -9,10 +9,10 @@ import (
 	"github.com/onejob/onejob/ledger/memory"
 )
 
-// TestAdminStorage: GET /idempotency/storage answers the disk and cache of
-// each open file ledger (a replay reads its job through the cache) and its
-// log's syncs, and
-// nothing of a ledger that keeps nothing on the gateway's disk.
+// TestAdminStorage: GET /idempotency/storage answers the disk, the cache
+// (a replay reads its job through it) and the log's syncs of each open
+// file ledger, and nothing of a ledger that keeps nothing on the gateway's
+// disk.
 func TestAdminStorage(t *testing.T) {
 	l, err := file.Open(filepath.Join(t.TempDir(), "ledger.db"), file.Options{CacheSize: 8 << 20})
 	if err != nil {
@@ -45,7 +45,6 @@ func TestAdminStorage(t *testing.T) {
 	s := mine[0]
 	if s.DiskBytes <= 0 || s.CacheSize != 8<<20 || s.CacheBytes > s.CacheSize || s.CacheHitRate < 0 || s.CacheHitRate > 1 ||
 		s.Syncs < 2 { // the reservation's and the completion's, at least
-
 		t.Errorf("storage %+v", s)
 	}
 	if w := do(t, adminMux(t), http.MethodPost, "/idempotency/storage", "{}"); w.Code != http.StatusMethodNotAllowed {

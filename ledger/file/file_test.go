@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -365,5 +366,21 @@ func TestStorageCountsSyncs(t *testing.T) {
 	}
 	if got := syncs() - before; got < alone {
 		t.Errorf("%d reservations one after the other: %d syncs, want at least %d", alone, got, alone)
+	}
+	before = syncs()
+	const together = 64
+	var wg sync.WaitGroup
+	for i := range together {
+		wg.Go(func() {
+			p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte{1, byte(i)}, Fingerprint: []byte("f"), FingerprintVersion: 1,
+				Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Minute}}
+			if _, err := l.Reserve(ctx, p.WithNewIDs()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := syncs() - before; got == 0 || got >= together {
+		t.Errorf("%d reservations at once: %d syncs, want at least one and fewer than one each", together, got)
 	}
 }

@@ -157,8 +157,7 @@ const trimEvery = time.Second
 
 // syncEvery is the least time between two syncs of the log. At 2,000
 // fresh requests a second (the benchmark's open loop) it took the syncs
-// from 0.56 a request to 0.23, with the same latency (a sync takes about
-// a millisecond on the benchmark's disk).
+// from 0.56 a request to 0.23, with the same latency.
 const syncEvery = time.Millisecond
 
 // openDB opens the Pebble database in dir, waiting up to opts.Timeout for
