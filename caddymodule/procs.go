@@ -13,7 +13,7 @@ import (
 // thread only when its monitor next looks, which can be milliseconds
 // later: with one P the gateway stops for every flush, and requests join
 // a flush only between two of them (a third of the requests per second,
-// in docs/performance.md, "One CPU"). GOMAXPROCS belongs to the process,
+// in docs/performance-history.md, "One CPU"). GOMAXPROCS belongs to the process,
 // not to a module: the operator sets it, and this only says so.
 func warnOneProc(log *zap.Logger) {
 	if runtime.GOMAXPROCS(0) > 1 {

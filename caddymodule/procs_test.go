@@ -13,7 +13,7 @@ import (
 )
 
 // A gateway with one P stops while the file ledger's flush blocks in
-// fdatasync (docs/performance.md, "One CPU"), but the number of Ps is
+// fdatasync (docs/performance-history.md, "One CPU"), but the number of Ps is
 // the process's, not a module's: opening a file ledger leaves GOMAXPROCS
 // as it found it, whether or not the environment set it.
 func TestFileLedgerKeepsProcs(t *testing.T) {

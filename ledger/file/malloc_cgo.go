@@ -23,6 +23,6 @@ import "C"
 // to eight a core), and a block freed in one arena serves no allocation in
 // another: under a gateway's load the cache's churn left about 100 MiB
 // free but resident across the arenas, more than the cache itself, until
-// something returns it (docs/performance.md). Go's own memory does not
+// something returns it (docs/performance-history.md). Go's own memory does not
 // use malloc.
 func trimMalloc() { C.trim() }

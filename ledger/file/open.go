@@ -44,7 +44,7 @@ type Options struct {
 // bytes there (the collector's headroom) and half again in the job's
 // other fields, where Pebble's cache holds the same record in its own
 // size: an eighth kept the gateway's memory at 10M jobs within the
-// target that a quarter missed (docs/performance.md).
+// target that a quarter missed (docs/performance-history.md).
 const replayShare = 8
 
 // DefaultCacheSize is CacheSize's default.
