@@ -317,14 +317,23 @@ func (t target) met(r, b result) bool {
 		(t.maxSyncs == 0 || (r.syncs >= 0 && r.syncs <= t.maxSyncs))
 }
 
+// gatewaySite is the site block of a gateway whose idempotency handler
+// keeps its jobs as the ledger line says, in front of the upstream.
+func gatewaySite(up *upstream, ledger string) string {
+	return "\tidempotency {\n\t\t" + ledger + "\n\t}\n" + proxySite(up)
+}
+
+// proxySite is the site block of plain Caddy's reverse proxy to the upstream.
+func proxySite(up *upstream) string {
+	return "\treverse_proxy " + up.addr + " " + transport + "\n"
+}
+
 // runSeries measures every series -only selects, in the order of the
 // list, and gives PostgreSQL and Redis back their durability settings at
 // the end; on an error, it returns no results.
 func runSeries(cfg config, up *upstream) (results []result, err error) {
-	proxy := "\treverse_proxy " + up.addr + " " + transport + "\n"
-	gw := func(ledger string) string {
-		return "\tidempotency {\n\t\t" + ledger + "\n\t}\n" + proxy
-	}
+	proxy := proxySite(up)
+	gw := func(ledger string) string { return gatewaySite(up, ledger) }
 	// The gateway's pool gets as many connections as pgbench has clients
 	// (pgx's default is 4 on this machine): the same resources on both
 	// sides of the comparison.

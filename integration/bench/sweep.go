@@ -214,7 +214,7 @@ func fileSite(cfg config, up *upstream, path string) string {
 	if cfg.sweepCache != "" {
 		ledgerFile += " {\n\t\t\tcache_size " + cfg.sweepCache + "\n\t\t}"
 	}
-	return "\tidempotency {\n\t\t" + ledgerFile + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	return gatewaySite(up, ledgerFile)
 }
 
 // learn has the gateway make one job, for wrk's request, on a file ledger
@@ -481,7 +481,7 @@ func sweepPostgres(cfg config, up *upstream, s stored, run string) (points []swe
 		return nil, fmt.Errorf("storing the first job: %w", err)
 	}
 	pg := "ledger postgres " + withParam(cfg.postgres, "pool_max_conns", strconv.Itoa(cfg.connections)) + " " + sweepSchema
-	site := "\tidempotency {\n\t\t" + pg + "\n\t}\n\treverse_proxy " + up.addr + " " + transport + "\n"
+	site := gatewaySite(up, pg)
 	jobs, keys := 1, 1
 	for _, size := range cfg.sweep {
 		p := sweepPoint{ledger: "postgres", size: size, added: max(size-jobs, 0)}
