@@ -373,11 +373,19 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 			return points, err
 		}
 		began := time.Now()
-		err = preloadImport(ctx, l, l, s, keys+1, keys+p.added)
-		if err == nil && p.added > 0 {
-			// As a ledger that grew over days: the import outran the
-			// background compactions (as PostgreSQL's sweep runs VACUUM).
+		// As a ledger that grew over days: the older jobs imported and
+		// then settled, as the background compactions leave them once
+		// they have caught up (as PostgreSQL's sweep runs VACUUM), and the
+		// newest recentJobs stored after them through the ledger's
+		// transitions, where a ledger's newest jobs are (its memtable and
+		// upper levels, not yet compacted with the rest).
+		older := max(p.added-recentJobs, 0)
+		err = preloadImport(ctx, l, l, s, keys+1, keys+older)
+		if err == nil && older > 0 {
 			err = l.Settle(ctx)
+		}
+		if err == nil {
+			err = preload(ctx, l, s, keys+older+1, keys+p.added, sweepWorkers)
 		}
 		p.load = time.Since(began)
 		if cerr := l.Close(); err == nil {
