@@ -34,18 +34,24 @@ type Options struct {
 	Now func() time.Time
 	// CacheSize is the memory the ledger's caches may take, in bytes: an
 	// eighth for the answers replayed lately, decoded and ready to send
-	// again (replayShare), the rest for Pebble's block cache (the stored
-	// jobs read lately). Default 64 MiB.
+	// again, counted at what they cost in the Go heap (replayShare), the
+	// rest for Pebble's block cache (the stored jobs read lately).
+	// Default 64 MiB.
 	CacheSize int64
 }
 
 // replayShare: the answers replayed lately take 1/replayShare of the
-// cache size. Decoded, in the Go heap, an answer takes about twice its
-// bytes there (the collector's headroom) and half again in the job's
-// other fields, where Pebble's cache holds the same record in its own
-// size: an eighth kept the gateway's memory at 10M jobs within the
-// target that a quarter missed (docs/performance-history.md).
+// cache size. Decoded, in the Go heap, a job costs about twice its bytes
+// there (the collector's headroom at its default target, GOGC=100), where
+// Pebble's cache holds the same record in its own size: the replay cache
+// keeps half its share in jobs (heapCost), so that the share bounds the
+// memory it takes. An eighth counted at its bytes left the gateway at 10M
+// jobs and a cache of 256 MiB 85 MiB over the memory target
+// (docs/performance-history.md).
 const replayShare = 8
+
+// heapCost is what a byte of the replay cache's jobs costs in the Go heap.
+const heapCost = 2
 
 // DefaultCacheSize is CacheSize's default.
 const DefaultCacheSize = 64 << 20
@@ -129,7 +135,7 @@ func Open(path string, opts Options) (*Ledger, error) {
 		return nil, fmt.Errorf("file ledger %s: %w", path, err)
 	}
 	l := &Ledger{dir: path, db: db, cacheSize: opts.CacheSize, lock: lock, now: opts.Now, locks: newStripes(),
-		replays: near.New(10000, int(opts.CacheSize/replayShare))}
+		replays: near.New(10000, int(opts.CacheSize/replayShare/heapCost))}
 	l.Applier = fsm.Applier{Update: l.update}
 	ctx, stop := context.WithCancel(context.Background())
 	l.stopTrim, l.trimmed = stop, make(chan struct{})
@@ -325,7 +331,7 @@ func (l *Ledger) Storage() (ledger.Storage, error) {
 	m := l.db.Metrics()
 	return ledger.Storage{
 		DiskBytes:   int64(diskBytes(m)),
-		CacheBytes:  m.BlockCache.Size + int64(l.replays.Bytes()),
+		CacheBytes:  m.BlockCache.Size + heapCost*int64(l.replays.Bytes()),
 		CacheSize:   l.cacheSize,
 		CacheHits:   uint64(m.BlockCache.Hits),
 		CacheMisses: uint64(m.BlockCache.Misses),
