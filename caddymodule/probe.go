@@ -86,11 +86,13 @@ func (pr *prober) start(ctx context.Context, providers []*Provider) {
 				}
 				setProbe(pr.scope, p.Name, r)
 				pr.metrics.Probe(p.Name, r.OK)
-				switch {
-				case !r.OK:
+				// The log says when the provider's state changes; the
+				// metric and the admin API say it at every probe.
+				switch changed := last == nil || last.OK != r.OK; {
+				case changed && !r.OK:
 					pr.logger.Warn("probe failed: no failover or hedge to this provider", zap.String("provider", p.Name),
 						zap.Int("status", r.Status), zap.String("error", r.Error))
-				case last == nil || !last.OK:
+				case changed:
 					pr.logger.Info("probe passed", zap.String("provider", p.Name), zap.Int("status", r.Status))
 				}
 				last = &r
