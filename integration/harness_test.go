@@ -171,7 +171,9 @@ type gateway struct {
 	config string
 	home   string
 	// json: config is Caddy's JSON, not a Caddyfile.
-	json   bool
+	json bool
+	// env: more of the gateway's environment, NAME=value.
+	env    []string
 	cmd    *exec.Cmd
 	exited chan struct{}
 	out    *syncBuffer
@@ -203,6 +205,16 @@ func startGateway(t testing.TB, b backend, site string) *gateway {
 // startGatewayWith also takes extra global options.
 func startGatewayWith(t testing.TB, b backend, global, site string) *gateway {
 	t.Helper()
+	g := configureGateway(t, b, global, site)
+	g.start()
+	t.Cleanup(g.stop)
+	return g
+}
+
+// configureGateway writes the Caddyfile of startGatewayWith, for a
+// gateway that starts later (start).
+func configureGateway(t testing.TB, b backend, global, site string) *gateway {
+	t.Helper()
 	g := &gateway{t: t, home: t.TempDir()}
 	port, admin := freePort(t), freePort(t)
 	g.url = fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -214,8 +226,6 @@ func startGatewayWith(t testing.TB, b backend, global, site string) *gateway {
 	if err := os.WriteFile(g.config, []byte(caddyfile), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g.start()
-	t.Cleanup(g.stop)
 	return g
 }
 
@@ -229,6 +239,7 @@ func (g *gateway) start() {
 	}
 	g.cmd = exec.Command(binary, args...)
 	g.cmd.Env = append(os.Environ(), "HOME="+g.home, "XDG_DATA_HOME="+g.home+"/data", "XDG_CONFIG_HOME="+g.home+"/config")
+	g.cmd.Env = append(g.cmd.Env, g.env...)
 	g.cmd.Stdout, g.cmd.Stderr = g.out, g.out
 	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ type upstream struct {
 
 type call struct {
 	key, jobID, attempt, body string
+	traceparent               string // the W3C trace context it carried
 }
 
 func newUpstream(t testing.TB, serve func(w http.ResponseWriter, r *http.Request, n int)) *upstream {
@@ -31,7 +32,7 @@ func newUpstream(t testing.TB, serve func(w http.ResponseWriter, r *http.Request
 		body, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
 		c := call{key: r.Header.Get("Idempotency-Key"), jobID: r.Header.Get("Idempotency-Job-Id"),
-			attempt: r.Header.Get("Idempotency-Attempt"), body: string(body)}
+			attempt: r.Header.Get("Idempotency-Attempt"), body: string(body), traceparent: r.Header.Get("Traceparent")}
 		u.calls = append(u.calls, c)
 		n := 0
 		for _, x := range u.calls {

@@ -278,6 +278,31 @@ type Reservation struct {
 	// Now is the ledger's clock at the reservation, to compare with
 	// Attempt.Deadline.
 	Now time.Time
+	// Tier is where the answer came from: the ledger's store (empty), a
+	// copy in this process's memory, or a cache in front of the ledger.
+	Tier Tier
+}
+
+// Tier is where a reservation's answer came from (Reservation.Tier).
+type Tier string
+
+const (
+	// TierLedger: the ledger's own store (a Reservation's zero Tier).
+	TierLedger Tier = ""
+	// TierProcess: a copy of the job in this process's memory, kept for
+	// replays (the ledgers' replay caches).
+	TierProcess Tier = "process"
+	// TierCache: a verified copy in a cache shared by the gateways, in
+	// front of the ledger (ledger/cache).
+	TierCache Tier = "cache"
+)
+
+// String returns the tier's name in traces: "ledger" for the store.
+func (t Tier) String() string {
+	if t == TierLedger {
+		return "ledger"
+	}
+	return string(t)
 }
 
 // Completion is the answer to Complete.

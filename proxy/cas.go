@@ -12,15 +12,26 @@ import (
 // the ledger did not take, if there is one: a later result never wins
 // over it, and while the ledger does not take it, the later one is not
 // offered at all (its attempt is unknown).
-func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.Response) runOutcome {
+func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.Response) (out runOutcome) {
 	m := rn.m
+	_, span := startSpan(rn.base.Context(), spanComplete)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(attrJobID.String(att.JobID), attrAttemptID.String(att.ID), attrProvider.String(provider))
+		defer func() {
+			span.SetAttributes(attrWon.Bool(out.won))
+			if out.storeErr != nil {
+				failSpan(span, out.storeErr)
+			}
+		}()
+	}
 	rn.offering <- struct{}{}
 	defer func() { <-rn.offering }()
 	if u := rn.unstored; u != nil {
 		if _, err := m.complete(u.att, *u.answer); err != nil {
-			m.cfg.Logger.Error("result not offered: an earlier one the ledger did not take comes first", zap.String("job_id", att.JobID),
+			rn.log.Error("result not offered: an earlier one the ledger did not take comes first", zap.String("job_id", att.JobID),
 				zap.String("attempt_id", att.ID), zap.String("earlier_attempt_id", u.att.ID), zap.Error(err))
-			m.markUnknown(att, "result not offered: an earlier result the ledger did not take comes first")
+			rn.markUnknown(att, "result not offered: an earlier result the ledger did not take comes first")
 			m.cfg.Observer.Attempt(provider, "unknown")
 			return runOutcome{verdict: fallback.Result, answer: answer, storeErr: err}
 		}
@@ -31,7 +42,7 @@ func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.R
 	case err != nil:
 		// The client still gets the answer; the job stays unreconciled
 		// (pending, then unknown) and is never re-executed.
-		m.cfg.Logger.Error("result not recorded", zap.String("job_id", att.JobID),
+		rn.log.Error("result not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
 		m.cfg.Observer.Attempt(provider, "unknown")
 		rn.unstored = &offer{att: att, answer: answer}
@@ -40,18 +51,19 @@ func (rn *runner) complete(att ledger.Attempt, provider string, answer *ledger.R
 		m.cfg.Observer.Attempt(provider, "succeeded")
 		return runOutcome{verdict: fallback.Result, answer: answer, won: true, expires: c.Job.ExpiresAt}
 	}
-	m.lost(att, c.Job, provider)
+	rn.lost(att, c.Job, provider)
 	return runOutcome{verdict: fallback.Result, answer: answer, job: c.Job}
 }
 
-func (m *Middleware) lost(att ledger.Attempt, j *ledger.Job, provider string) {
+func (rn *runner) lost(att ledger.Attempt, j *ledger.Job, provider string) {
+	m := rn.m
 	m.cfg.Observer.Attempt(provider, "lost")
 	m.cfg.Observer.RaceLost()
 	winner := ""
 	if j != nil {
 		winner = j.CompletedBy
 	}
-	m.cfg.Logger.Warn("result discarded: the attempt lost the race", zap.String("job_id", att.JobID),
+	rn.log.Warn("result discarded: the attempt lost the race", zap.String("job_id", att.JobID),
 		zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number), zap.String("provider", provider),
 		zap.String("winner_attempt_id", winner))
 }

@@ -31,7 +31,7 @@ func (m *Middleware) dispatch(w http.ResponseWriter, r *http.Request, next Handl
 			withDetail("This key was used for a different request.").withJob(jobID).Write(w)
 	case ledger.Done:
 		m.cfg.Observer.Request("replayed")
-		m.replay(w, r, res.Job, res.Now, true)
+		m.replay(w, r, res.Job, res.Now, true, res.Tier)
 	case ledger.InFlight:
 		wait := m.waitFor(w, r)
 		if wait <= 0 {
@@ -71,9 +71,20 @@ func (m *Middleware) waitFor(w http.ResponseWriter, r *http.Request) time.Durati
 // wait holds a duplicate until the job settles or the wait ends (in_flight's,
 // or the one the client preferred).
 func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string, wait time.Duration) {
-	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	ctx, span := startSpan(r.Context(), spanWait)
+	defer span.End()
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	j, err := m.cfg.Ledger.Wait(ctx, jobID)
+	if span.IsRecording() {
+		span.SetAttributes(attrJobID.String(jobID))
+		switch {
+		case err != nil:
+			failSpan(span, err)
+		default:
+			span.SetAttributes(attrJobState.String(string(j.State)))
+		}
+	}
 	if r.Context().Err() != nil {
 		return // the client left
 	}
@@ -91,13 +102,13 @@ func (m *Middleware) wait(w http.ResponseWriter, r *http.Request, jobID string, 
 		problem(http.StatusConflict, ProblemInFlight, "Request in flight").
 			withDetail("The job changed while waiting; retry.").withJob(jobID).retry(time.Second).Write(w)
 	case err != nil:
-		m.cfg.Logger.Error("ledger unavailable while waiting", zap.String("job_id", jobID), zap.Error(err))
+		m.jobLog(r.Context()).Error("ledger unavailable while waiting", zap.String("job_id", jobID), zap.Error(err))
 		m.cfg.Observer.Request("rejected")
 		problem(http.StatusServiceUnavailable, ProblemLedgerUnavailable, "Ledger unavailable").
 			withJob(jobID).retry(time.Second).Write(w)
 	case j.State == ledger.JobCompleted:
 		m.cfg.Observer.Request("waited")
-		m.replay(w, r, j, j.ReadAt, true)
+		m.replay(w, r, j, j.ReadAt, true, ledger.TierLedger)
 	case j.State == ledger.JobFailed:
 		m.cfg.Observer.Request("waited")
 		setExpires(w.Header(), j.ExpiresAt)

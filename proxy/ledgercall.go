@@ -89,13 +89,14 @@ func (m *Middleware) complete(att ledger.Attempt, resp ledger.Response) (ledger.
 // connect error): each is recorded so once the ledger answers, att first.
 // A connect error that comes to the ledger after att's lease ran out finds
 // att unknown (ErrStale): never sent is still proof, and it is recorded so.
-func (m *Middleware) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+func (rn *runner) fail(att ledger.Attempt, reason string, next *ledger.NextAttempt) (*ledger.Attempt, error) {
+	m := rn.m
 	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	a, err := ledgerCall(m, ctx, "fail", func(ctx context.Context) (*ledger.Attempt, error) {
 		return m.cfg.Ledger.Fail(ctx, att.Ref(), reason, next)
 	})
 	if err != nil && !errors.Is(err, ledger.ErrBlocked) {
-		m.cfg.Logger.Error("failure not recorded", zap.String("job_id", att.JobID),
+		rn.log.Error("failure not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
 		connect := reason == fallback.ReasonConnect
 		switch {
@@ -143,18 +144,19 @@ func (m *Middleware) hedge(ref ledger.AttemptRef, next ledger.NextAttempt) (ledg
 	return a, err
 }
 
-func (m *Middleware) markUnknown(att ledger.Attempt, reason string) {
+func (rn *runner) markUnknown(att ledger.Attempt, reason string) {
+	m := rn.m
 	ctx := context.Background() // detached from the client: ledgerCall bounds it
 	_, err := ledgerCall(m, ctx, "mark_unknown", func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, m.cfg.Ledger.MarkUnknown(ctx, att.Ref(), reason)
 	})
 	switch {
 	case err == nil:
-		m.cfg.Logger.Warn("attempt outcome unknown", zap.String("job_id", att.JobID),
+		rn.log.Warn("attempt outcome unknown", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number), zap.String("reason", reason))
 	case errors.Is(err, ledger.ErrStale):
 	default:
-		m.cfg.Logger.Error("unknown outcome not recorded", zap.String("job_id", att.JobID),
+		rn.log.Error("unknown outcome not recorded", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Error(err))
 	}
 }

@@ -98,6 +98,11 @@ func (m *Middleware) join(w http.ResponseWriter, r *http.Request, j *ledger.Job,
 	if _, _, cut, _ := s.next(0); cut {
 		return false
 	}
+	_, span := startSpan(r.Context(), spanJoin)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(attrJobID.String(j.ID))
+	}
 	m.setAnswerHeader(w.Header(), j.Response.Header, j.ID, true) // replay set the expiry
 	m.cfg.SetVar(r, "replayed", "true")
 	w.WriteHeader(j.Response.Status)

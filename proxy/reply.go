@@ -20,7 +20,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, out runOutco
 		}
 		// Lost: another answer won, or the job was settled meanwhile.
 		if out.job != nil && out.job.Response != nil && out.job.State == ledger.JobCompleted {
-			m.replay(w, r, out.job, time.Time{}, false) // read just now
+			m.replay(w, r, out.job, time.Time{}, false, ledger.TierLedger) // read just now
 			return
 		}
 		problem(http.StatusConflict, ProblemOutcomeUnknown, "Result discarded").
@@ -139,7 +139,13 @@ func (m *Middleware) setAnswerHeader(h http.Header, src map[string][]string, job
 // just now. With join, a duplicate that would wait for an answer still
 // streaming joins it when it streams through this instance, and otherwise
 // waits for its end and replays it.
-func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time, join bool) {
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, j *ledger.Job, now time.Time, join bool, tier ledger.Tier) {
+	ctx, span := startSpan(r.Context(), spanReplay)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(attrJobID.String(j.ID), attrJobState.String(string(j.State)), attrTier.String(tier.String()))
+		r = r.WithContext(ctx) // a join or a wait is the replay's
+	}
 	setExpires(w.Header(), j.ExpiresAt)
 	if j.Streaming() && (now.IsZero() || now.Sub(j.CompletedAt) < m.cfg.AttemptDeadline) {
 		var wait time.Duration

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onejob/onejob/ledger"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // reserve records in's intent in the ledger: it fingerprints the request,
@@ -42,8 +43,14 @@ func (m *Middleware) reserve(r *http.Request, in *incoming) (res ledger.Reservat
 		params.Repeat = true // every later call with these ids may repeat this one
 		return r, err
 	}
+	ctx, span := startSpan(r.Context(), spanReserve)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(hashAttr(attrOwnerHash, params.OwnerHash), hashAttr(attrKeyHash, params.KeyHash))
+		defer func() { endReserve(span, res, err) }()
+	}
 	issued = time.Now()
-	res, err = ledgerCall(m, r.Context(), "reserve", call)
+	res, err = ledgerCall(m, ctx, "reserve", call)
 	if err == nil && res.Outcome == ledger.Mismatch {
 		if g, ok := m.fp.ForJob(res.Job.FingerprintVersion, res.Job.FingerprintScheme); ok &&
 			(g.Version() != params.FingerprintVersion || g.Scheme() != params.FingerprintScheme) {
@@ -54,7 +61,7 @@ func (m *Middleware) reserve(r *http.Request, in *incoming) (res ledger.Reservat
 			}
 			params.FingerprintVersion, params.FingerprintScheme = g.Version(), g.Scheme()
 			issued = time.Now()
-			res, err = ledgerCall(m, r.Context(), "reserve", call)
+			res, err = ledgerCall(m, ctx, "reserve", call)
 		}
 	}
 	if err == nil && (res.Outcome == ledger.Created || res.Outcome == ledger.Reopened) && !sendable(res) {
@@ -67,6 +74,21 @@ func (m *Middleware) reserve(r *http.Request, in *incoming) (res ledger.Reservat
 		return ledger.Reservation{}, issued, err
 	}
 	return res, issued, nil
+}
+
+// endReserve records on the reservation's span what the ledger said.
+func endReserve(span trace.Span, res ledger.Reservation, err error) {
+	if err != nil {
+		failSpan(span, err)
+		return
+	}
+	span.SetAttributes(attrOutcome.String(res.Outcome.String()))
+	if res.Job != nil {
+		span.SetAttributes(attrJobID.String(res.Job.ID), attrJobState.String(string(res.Job.State)))
+	}
+	if res.Attempt != nil {
+		span.SetAttributes(attrAttemptID.String(res.Attempt.ID))
+	}
 }
 
 // newAttempt returns the next attempt to start on provider: a new id, the

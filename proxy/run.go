@@ -63,6 +63,7 @@ type runner struct {
 	body   []byte
 	client *client
 	wake   chan struct{} // a value after each change the client watches
+	log    *zap.Logger   // the gateway's, with the request's trace id (jobLog)
 	done   chan struct{} // closed once out is decided
 	ended  chan struct{} // closed when an answer passing through ends
 
@@ -94,6 +95,7 @@ func newRunner(m *Middleware, base *http.Request, next Handler, body []byte, w h
 	rn := &runner{
 		m: m, base: base, next: next, body: body,
 		client:   &client{w: w},
+		log:      m.jobLog(base.Context()),
 		wake:     make(chan struct{}, 1),
 		offering: make(chan struct{}, 1),
 		done:     make(chan struct{}),
@@ -183,7 +185,7 @@ func (rn *runner) timeout(att ledger.Attempt) bool {
 	}
 	rn.mu.Unlock()
 	for _, a := range stale {
-		rn.m.markUnknown(a, "attempt_timeout: no answer headers in "+rn.m.cfg.AttemptTimeout.String())
+		rn.markUnknown(a, "attempt_timeout: no answer headers in "+rn.m.cfg.AttemptTimeout.String())
 	}
 	return true
 }
@@ -251,14 +253,18 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 		if att.State == ledger.AttemptStarting && time.Now().Before(until) {
 			return false
 		}
-		m.cfg.Logger.Warn("attempt not sent: its lease ran out before the ledger answered",
+		rn.log.Warn("attempt not sent: its lease ran out before the ledger answered",
 			zap.String("job_id", att.JobID), zap.String("attempt_id", att.ID), zap.String("provider", att.Provider))
 		m.unsent(unsentWork{ref: att.Ref()})
 		return true
 	}
-	// launch starts a try of att on provider p until its lease ends.
-	launch := func(att ledger.Attempt, p int, until time.Time) {
-		t := &try{rn: rn, att: att, provider: p, until: until}
+	// launch starts a try of att on provider p until its lease ends;
+	// cause says why, when it is not the job's first attempt or a re-send.
+	launch := func(att ledger.Attempt, p int, until time.Time, cause string) {
+		if att.Resend {
+			cause = causeResend
+		}
+		t := &try{rn: rn, att: att, provider: p, until: until, cause: cause}
 		rn.mu.Lock()
 		rn.running = append(rn.running, t)
 		rn.mu.Unlock()
@@ -288,7 +294,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 	pending := 0
 	if !expired(first, until) {
 		pending++
-		launch(first, provider, until)
+		launch(first, provider, until, causeFirst)
 		armHedge(provider)
 	}
 	var (
@@ -304,7 +310,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 				if until := leaseEnd(issued, att); !expired(att, until) {
 					latest = next
 					pending++
-					launch(att, next, until)
+					launch(att, next, until, causeHedge)
 				}
 			}
 		case res := <-results:
@@ -318,7 +324,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 			case res.committed != nil:
 				if res.verdict == fallback.Failed {
 					m.cfg.Observer.Attempt(p, "failed")
-					if _, err := m.fail(res.att, res.reason, nil); err != nil {
+					if _, err := rn.fail(res.att, res.reason, nil); err != nil {
 						res.committed.storeErr = err
 					}
 				}
@@ -338,20 +344,20 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 					}
 				}
 				issued := time.Now()
-				if na, _ := m.fail(res.att, res.reason, next); na != nil {
+				if na, _ := rn.fail(res.att, res.reason, next); na != nil {
 					if until := leaseEnd(issued, *na); !expired(*na, until) {
-						m.cfg.Logger.Info("failover", zap.String("job_id", na.JobID), zap.String("from_attempt_id", res.att.ID),
+						rn.log.Info("failover", zap.String("job_id", na.JobID), zap.String("from_attempt_id", res.att.ID),
 							zap.String("attempt_id", na.ID), zap.String("provider", na.Provider), zap.String("after", res.reason))
 						rn.watch(*na)
 						latest = nextIdx
 						pending++
-						launch(*na, nextIdx, until)
+						launch(*na, nextIdx, until, causeFailover)
 						armHedge(nextIdx)
 					}
 				}
 			default:
 				m.cfg.Observer.Attempt(p, "unknown")
-				m.markUnknown(res.att, res.reason)
+				rn.markUnknown(res.att, res.reason)
 				lastUnknown = res
 				// A broken connection to a provider that deduplicates is
 				// sent again, while the client waits and until the
@@ -368,7 +374,7 @@ func (rn *runner) run(first ledger.Attempt, provider int, until time.Time, relea
 						if !expired(*na, until) {
 							rn.watch(*na)
 							pending++
-							launch(*na, res.provider, until)
+							launch(*na, res.provider, until, causeResend)
 						}
 					}
 				}
@@ -410,11 +416,11 @@ func (rn *runner) startHedge(latest int) (int, ledger.Attempt, bool) {
 	att, err := m.hedge(cur.Ref(), m.newAttempt(m.policy.Providers[next]))
 	if err != nil {
 		if !errors.Is(err, ledger.ErrStale) {
-			m.cfg.Logger.Error("hedge not started", zap.String("job_id", cur.JobID), zap.Error(err))
+			rn.log.Error("hedge not started", zap.String("job_id", cur.JobID), zap.Error(err))
 		}
 		return 0, ledger.Attempt{}, false
 	}
-	m.cfg.Logger.Info("hedge started", zap.String("job_id", att.JobID), zap.String("attempt_id", att.ID),
+	rn.log.Info("hedge started", zap.String("job_id", att.JobID), zap.String("attempt_id", att.ID),
 		zap.String("provider", att.Provider), zap.String("hedged_attempt_id", cur.ID))
 	return next, att, true
 }
@@ -460,7 +466,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next Handle
 		case <-timer.C:
 			if rn.timeout(att) {
 				rn.client.detach()
-				m.cfg.Logger.Warn("attempt outcome unknown: timed out", zap.String("job_id", att.JobID),
+				rn.log.Warn("attempt outcome unknown: timed out", zap.String("job_id", att.JobID),
 					zap.String("attempt_id", att.ID), zap.Int("attempt", att.Number))
 				problem(http.StatusGatewayTimeout, ProblemOutcomeUnknown, "Attempt timed out").
 					withDetail("The provider did not answer within attempt_timeout. The job's outcome is unknown; it will not be re-run.").

@@ -14,6 +14,8 @@ import (
 
 	"github.com/onejob/onejob/fallback"
 	"github.com/onejob/onejob/ledger"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
 
@@ -60,6 +62,7 @@ type try struct {
 	provider int
 	phase    tryPhase  // guarded by rn.mu: the run loop and timers read it
 	until    time.Time // local end of the lease; a re-send's is its original's, where re-sends stop
+	cause    string    // why it started: causeFirst, causeFailover, causeHedge, causeResend
 
 	// Set by commit, read by run, both on the try's own goroutine.
 	committed *runOutcome // the answer was decided before it ended
@@ -176,14 +179,21 @@ func (t *try) drop(breach error) {
 
 // run sends the try's request and reports how it ended. Results that
 // were committed early are recorded here; the rest by the run loop.
-func (t *try) run() *tryResult {
+func (t *try) run() (res *tryResult) {
 	rn, m, att, provider := t.rn, t.rn.m, t.att, t.provider
 	m.cfg.Observer.InFlight(1)
 	defer m.cfg.Observer.InFlight(-1)
 
+	ctx, span := startSpan(rn.base.Context(), spanAttempt)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(attrJobID.String(att.JobID), attrAttemptID.String(att.ID), attrAttempt.Int(att.Number),
+			attrProvider.String(m.policy.Providers[provider]), attrCause.String(t.cause))
+		defer func() { endAttempt(span, res) }()
+	}
 	// The lease is judged by the ledger's clock; locally it ends at
 	// t.until, never later (leaseEnd).
-	ctx, cancel := context.WithDeadline(rn.base.Context(), t.until)
+	ctx, cancel := context.WithDeadline(ctx, t.until)
 	defer cancel()
 	// Whether the request left is decided by what was written, not by
 	// the kind of error that came back: the HTTP transports below (a
@@ -205,6 +215,9 @@ func (t *try) run() *tryResult {
 		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(rn.body)), int64(len(rn.body))
 	}
 	req.GetBody = nil
+	if span.IsRecording() {
+		traceparent(ctx, req.Header)
+	}
 
 	c := newCapture(m.cfg.MaxResponseBody, t)
 	h := m.cfg.Providers[provider].Handler
@@ -213,7 +226,7 @@ func (t *try) run() *tryResult {
 	}
 	err, panicked := serve(h, c, req)
 	if panicked != nil && !errors.Is(asError(panicked), http.ErrAbortHandler) {
-		m.cfg.Logger.Error("attempt panicked", zap.String("job_id", att.JobID),
+		rn.log.Error("attempt panicked", zap.String("job_id", att.JobID),
 			zap.String("attempt_id", att.ID), zap.Any("panic", panicked))
 	}
 	cut := panicked != nil || (err != nil && c.wrote)
@@ -234,7 +247,10 @@ func (t *try) run() *tryResult {
 		v, reason = fallback.Failed, "re-send answered "+strconv.Itoa(c.status)+": the original is in progress or was not taken"
 	}
 	timedOut := errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
-	res := &tryResult{att: att, provider: provider, verdict: v, reason: reason, until: t.until,
+	if span.IsRecording() && c.wrote {
+		span.SetAttributes(attrStatus.Int(c.status))
+	}
+	res = &tryResult{att: att, provider: provider, verdict: v, reason: reason, until: t.until,
 		broken: v == fallback.Unknown && (cut || (err != nil && !timedOut))}
 	if v == fallback.Result && m.cfg.Contract != nil && m.cfg.Contract.Applies(c.status) {
 		breach := t.breach
@@ -251,7 +267,7 @@ func (t *try) run() *tryResult {
 			if m.policy.FailoverOn.Contract {
 				res.verdict = fallback.Failed
 			}
-			m.cfg.Logger.Warn("answer breaks the contract", zap.String("job_id", att.JobID),
+			rn.log.Warn("answer breaks the contract", zap.String("job_id", att.JobID),
 				zap.String("attempt_id", att.ID), zap.String("provider", m.policy.Providers[provider]), zap.Error(breach))
 			res.status = http.StatusBadGateway
 			return res
@@ -270,10 +286,10 @@ func (t *try) run() *tryResult {
 				body = c.buf.Bytes()
 			}
 			if err := m.saveBody(att, body, c.size, stored); err != nil {
-				m.cfg.Logger.Error("streamed answer not recorded", zap.String("job_id", att.JobID), zap.Error(err))
+				rn.log.Error("streamed answer not recorded", zap.String("job_id", att.JobID), zap.Error(err))
 			}
 			if !stored {
-				m.cfg.Logger.Warn("answer sent before it ended was not stored", zap.String("job_id", att.JobID),
+				rn.log.Warn("answer sent before it ended was not stored", zap.String("job_id", att.JobID),
 					zap.String("attempt_id", att.ID), zap.Int64("size", c.size), zap.Bool("cut_short", cut))
 			}
 		}
@@ -296,6 +312,20 @@ func (t *try) run() *tryResult {
 		}
 	}
 	return res
+}
+
+// endAttempt records on an attempt's span how it ended.
+func endAttempt(span trace.Span, res *tryResult) {
+	if res == nil {
+		return // it panicked
+	}
+	span.SetAttributes(attrVerdict.String(res.verdict.String()))
+	if res.reason != "" {
+		span.SetAttributes(attrReason.String(res.reason))
+	}
+	if res.verdict != fallback.Result {
+		span.SetStatus(codes.Error, res.verdict.String())
+	}
 }
 
 // serve calls h, turning a panic into a value.

@@ -307,7 +307,9 @@ func (l *Ledger) lookup(ctx context.Context, p *ledger.ReserveParams, gen uint64
 	}
 	now := l.now()
 	l.near.Put(key, j, now.Add(left), gen)
-	return near.Answer(j, p, now)
+	r, ok := near.Answer(j, p, now)
+	r.Tier = ledger.TierCache
+	return r, ok
 }
 
 // trusted reports whether a decoded reply is one the cache may have

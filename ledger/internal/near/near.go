@@ -210,9 +210,12 @@ func Answer(j *ledger.Job, p *ledger.ReserveParams, now time.Time) (r ledger.Res
 		}
 	}
 	if !p.Matches(j) {
-		return ledger.Mismatched(j, now), true
+		r = ledger.Mismatched(j, now)
+	} else {
+		r = ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}
 	}
-	return ledger.Reservation{Outcome: ledger.Done, Job: j, Now: now}, true
+	r.Tier = ledger.TierProcess
+	return r, true
 }
 
 // Margin is how long before a job's expiry a ledger shared by several
