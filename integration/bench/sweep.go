@@ -366,7 +366,11 @@ func sweepFile(cfg config, up *upstream, s stored, run string) ([]sweepPoint, er
 		return nil, err
 	}
 	for _, size := range cfg.sweep {
-		p := sweepPoint{ledger: "file", size: size, added: max(size-jobs, 0)}
+		// At least the newest recentJobs are stored at every point, also
+		// in a store kept from an earlier run: the recent series replays
+		// the newest jobs, not the ones the earlier runs' fresh series
+		// and compactions have since buried.
+		p := sweepPoint{ledger: "file", size: size, added: max(size-jobs, recentJobs)}
 		log.Printf("sweep: storing %d jobs in the file ledger (%d there)", p.added, jobs)
 		l, err := file.Open(path, file.Options{})
 		if err != nil {
