@@ -211,6 +211,16 @@ func TestTraceOfFailover(t *testing.T) {
 	if c := under("onejob.complete"); c[0].attrs["onejob.complete.won"] != "true" {
 		t.Errorf("completion span %v, want won", c[0].attrs)
 	}
+	// The failover's log line joins the trace.
+	failover := ""
+	for line := range strings.Lines(g.out.String()) {
+		if strings.Contains(line, `"msg":"failover"`) {
+			failover = line
+		}
+	}
+	if !strings.Contains(failover, `"job_id":"`+jobID+`"`) || !strings.Contains(failover, `"trace_id":"`+trace+`"`) {
+		t.Errorf("the failover's log line %q, want job id %s and trace id %s", failover, jobID, trace)
+	}
 
 	// A replay: its trace says which tier answered.
 	again := g.post(t, "/charges", key, auth, `{}`)
