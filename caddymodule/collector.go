@@ -44,7 +44,7 @@ func newLedgerCollector() *ledgerCollector {
 			"Bytes the ledger's files take on the gateway's disk, by ledger module; only for ledgers kept there (file).",
 			[]string{"ledger"}, nil),
 		cacheBytes: prometheus.NewDesc(name("ledger_cache_bytes"),
-			"Memory the ledger's cache of jobs holds, by ledger module (its bound is cache_size); only for the file ledger.",
+			"Memory the ledger holds, its caches and memtables, by ledger module (its bound is cache_size); only for the file ledger.",
 			[]string{"ledger"}, nil),
 		cacheHits: prometheus.NewDesc(name("ledger_cache_hits_total"),
 			"Reads of the ledger's files its cache served, by ledger module; only for the file ledger.",

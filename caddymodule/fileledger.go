@@ -22,10 +22,10 @@ type FileLedger struct {
 	// directory.
 	Path string `json:"path,omitempty"`
 
-	// The memory the ledger's caches may take, in bytes: the stored jobs
-	// read lately, and (an eighth) the answers replayed lately. Default
-	// 64 MiB. The ledger's memory beyond it does not grow with the number
-	// of jobs stored.
+	// The memory the ledger may take, in bytes: its memtables (the writes
+	// not yet in a table on disk), the stored jobs read lately, and (an
+	// eighth) the answers replayed lately. Default 96 MiB. The ledger's
+	// memory does not grow with the number of jobs stored.
 	CacheSize int64 `json:"cache_size,omitempty"`
 
 	LedgerHolder

@@ -391,3 +391,59 @@ func TestStorageCountsSyncs(t *testing.T) {
 		t.Errorf("%d reservations at once: %d syncs, want at least one and fewer than one each", together, got)
 	}
 }
+
+// TestCacheSizeBoundsMemory: what the ledger holds in memory — Pebble's
+// cache, its memtables and the replay cache — stays within CacheSize once
+// the cache is full and a memtable holds writes, and the storage report
+// counts all of it.
+func TestCacheSizeBoundsMemory(t *testing.T) {
+	ctx := context.Background()
+	const size = 64 << 20
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.db"), Options{CacheSize: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	p := ledger.ReserveParams{OwnerHash: []byte("o"), KeyHash: []byte("k0"), Fingerprint: []byte("f"), FingerprintVersion: 1,
+		Retention: time.Hour, Attempt: ledger.NextAttempt{Provider: "p", Lease: time.Hour}}
+	body := bytes.Repeat([]byte("answer, "), 2<<10) // 16 KiB
+	model := completedModel(t, l, p, ledger.Response{Status: 200, Body: body, Size: int64(len(body)), Stored: true})
+	// 64 MiB of answers, read once each: more than the cache holds. Then
+	// 6 MiB more, left in the memtable.
+	const jobs, last = 4096, 384
+	var batch []*ledger.Job
+	for i := 1; i <= jobs+last; i++ {
+		batch = append(batch, copyJob(model, []byte("k"+strconv.Itoa(i))))
+		if len(batch) == 256 || i == jobs+last {
+			if err := l.Import(batch); err != nil {
+				t.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+		if i == jobs {
+			if err := l.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for k := 1; k <= jobs; k++ {
+				q := p.WithNewIDs()
+				q.KeyHash = []byte("k" + strconv.Itoa(k))
+				if r, err := l.Reserve(ctx, q); err != nil || r.Outcome != ledger.Done {
+					t.Fatalf("replay %d: %v %v", k, r.Outcome, err)
+				}
+			}
+		}
+	}
+	st, err := l.Storage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := l.db.Metrics()
+	if m.BlockCache.Size < size/4 || m.MemTable.Size < 4<<20 || l.replays.Len() == 0 {
+		t.Fatalf("the test did not fill the ledger's memory: blocks %d, memtables %d, replays %d",
+			m.BlockCache.Size, m.MemTable.Size, l.replays.Len())
+	}
+	held := m.BlockCache.Size + int64(m.MemTable.Size) + heapCost*int64(l.replays.Bytes())
+	if st.CacheBytes != held || held > size {
+		t.Errorf("the ledger holds %d bytes (reported %d), want at most its cache_size %d", held, st.CacheBytes, size)
+	}
+}

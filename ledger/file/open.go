@@ -32,11 +32,13 @@ type Options struct {
 	Timeout time.Duration
 	// Now is the ledger's clock; default time.Now.
 	Now func() time.Time
-	// CacheSize is the memory the ledger's caches may take, in bytes: an
-	// eighth for the answers replayed lately, decoded and ready to send
-	// again, counted at what they cost in the Go heap (replayShare), the
-	// rest for Pebble's block cache (the stored jobs read lately).
-	// Default 64 MiB.
+	// CacheSize is the memory the ledger may take, in bytes, whatever
+	// the number of jobs it holds: an eighth for the answers replayed
+	// lately, decoded and ready to send again, counted at what they cost
+	// in the Go heap (replayShare), and the rest for Pebble's cache, which
+	// holds its two memtables (the writes not yet in a table on disk) and
+	// the stored jobs read lately, with the C allocator's overhead on them
+	// (blockCache). Default 96 MiB.
 	CacheSize int64
 }
 
@@ -53,8 +55,19 @@ const replayShare = 8
 // heapCost is what a byte of the replay cache's jobs costs in the Go heap.
 const heapCost = 2
 
-// DefaultCacheSize is CacheSize's default.
-const DefaultCacheSize = 64 << 20
+// DefaultCacheSize is CacheSize's default: Pebble's cache then holds
+// about 50 MiB of blocks beside its memtables, room for the index and
+// filters of 10M jobs and the blocks read lately.
+const DefaultCacheSize = 96 << 20
+
+// blockCache is the capacity of Pebble's cache (its memtables count in
+// it) in a ledger whose CacheSize is size: what the replay cache leaves,
+// less the C allocator's overhead on the cache's blocks, a fifth. At 10M
+// jobs a cache of 224 MiB took 282 MiB of the process's memory
+// (docs/performance-history.md).
+func blockCache(size int64) int64 {
+	return (size - size/replayShare) * 4 / 5
+}
 
 // memTableSize is the size of one of Pebble's memtables: the writes not yet
 // in a table on disk. Pebble holds at most two before it stalls writes.
@@ -174,7 +187,7 @@ func openDB(dir string, opts Options) (*pebble.DB, *pebble.Lock, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cache := pebble.NewCache(opts.CacheSize - opts.CacheSize/replayShare)
+	cache := pebble.NewCache(blockCache(opts.CacheSize))
 	defer cache.Unref() // the database holds its own reference
 	o := &pebble.Options{
 		Cache:              cache,
@@ -331,7 +344,7 @@ func (l *Ledger) Storage() (ledger.Storage, error) {
 	m := l.db.Metrics()
 	return ledger.Storage{
 		DiskBytes:   int64(diskBytes(m)),
-		CacheBytes:  m.BlockCache.Size + heapCost*int64(l.replays.Bytes()),
+		CacheBytes:  m.BlockCache.Size + int64(m.MemTable.Size) + heapCost*int64(l.replays.Bytes()),
 		CacheSize:   l.cacheSize,
 		CacheHits:   uint64(m.BlockCache.Hits),
 		CacheMisses: uint64(m.BlockCache.Misses),
