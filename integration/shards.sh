@@ -17,8 +17,8 @@ shards=(
 	# failover, lookups, re-sends, clients' preferences, contracts.
 	"flow 10m gateway_test.go selection_test.go implicit_test.go jsonexample_test.go providers_test.go lookup_test.go resend_test.go scopes_test.go clientprefs_test.go contract_test.go modeloutput_test.go graphql_test.go sdk_test.go"
 	# What operators use: the admin API, the CLI, the jobs page in a
-	# browser, the demo, the module as a plugin.
-	"operators 15m admin_test.go cli_test.go browser_test.go demo_test.go plugin_test.go"
+	# browser, the demo, the module as a plugin, traces.
+	"operators 15m admin_test.go cli_test.go browser_test.go demo_test.go plugin_test.go tracing_test.go"
 	# Faults on real sockets: ledgers down or slow, replies lost, upstreams
 	# dying, reloads under load.
 	"faults 5m faults_test.go replylost_test.go"
