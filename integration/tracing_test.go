@@ -33,7 +33,6 @@ type span struct {
 	trace, id, parent string
 	name              string
 	attrs             map[string]string
-	links             []string // the trace ids it links to
 	failed            bool
 }
 
@@ -78,9 +77,6 @@ func (rc *otlpReceiver) keep(req *coltracepb.ExportTraceServiceRequest) {
 					failed: s.Status.GetCode() == tracepb.Status_STATUS_CODE_ERROR}
 				for _, kv := range s.Attributes {
 					sp.attrs[kv.Key] = text(kv.Value)
-				}
-				for _, l := range s.Links {
-					sp.links = append(sp.links, hex.EncodeToString(l.TraceId))
 				}
 				rc.spans = append(rc.spans, sp)
 			}
